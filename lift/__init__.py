@@ -1,3 +1,17 @@
-"""lift: lifted JAX transformations over stateful scopes."""
+"""lift: lifted JAX transformations over stateful scopes.
+
+>>> import lift
+>>> def dense(scope, x, features):
+...   kernel = scope.param('kernel', jax.nn.initializers.lecun_normal(), (x.shape[-1], features))
+...   return x @ kernel
+>>> y, variables = lift.init(dense)(jax.random.key(0), jax.numpy.ones((2, 3)), 4)
+"""
 from lift import errors
-from lift.errors import LiftError, ScanConversionError
+from lift.errors import InvalidScopeError, LiftError, ScanConversionError
+from lift.filters import (CollectionFilter, DenyList, Filter, PRNGSequenceFilter,
+                          group_collections, in_filter, intersect_filters,
+                          is_filter_empty, subtract_filters, union_filters)
+from lift.functional import apply, bind, init
+from lift.pack import pack
+from lift.rng import RngStream
+from lift.scope import Scope, Variable

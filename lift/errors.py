@@ -16,3 +16,146 @@ class ScanConversionError(LiftError):
   Raised for a primitive without a rule, or for a non-causal use of the scan
   axis (a reduction over time, an anti-causal shift, a reversal).
   """
+
+
+def _path_text(path) -> str:
+  return '/' + '/'.join(path)
+
+
+class InvalidScopeError(LiftError):
+  """A scope or variable was used after the transform or `apply` that made it returned."""
+
+  def __init__(self, path):
+    super().__init__(
+        f'The scope at "{_path_text(path)}" is no longer valid: it belongs to '
+        'a lifted transform or an `apply` call that has already returned. '
+        'Scopes and Variables are only usable while the function they were '
+        'passed to runs. Fix: do not keep scopes or Variables in closures or '
+        'globals; pass values out of the transform as return values instead.')
+    self.path = tuple(path)
+
+
+class MissingParamError(LiftError):
+  """A parameter does not exist and 'params' is not mutable, so it cannot be created."""
+
+  def __init__(self, name, path):
+    super().__init__(
+        f'No parameter "{name}" in collection "params" at "{_path_text(path)}". '
+        'It cannot be created because "params" is not mutable here. Fix: '
+        'initialise the variables first with `init`, or check that the '
+        'variables passed to `apply` come from the same model (a renamed '
+        'submodule changes the path).')
+    self.name, self.path = name, tuple(path)
+
+
+class MissingVariableError(LiftError):
+  """A variable does not exist and cannot be created (no init_fn, or immutable collection)."""
+
+  def __init__(self, col, name, path):
+    super().__init__(
+        f'No variable "{name}" in collection "{col}" at "{_path_text(path)}", '
+        'and it cannot be created here: either no init_fn was given or the '
+        f'collection "{col}" is not mutable. Fix: pass an init_fn and '
+        f'`mutable=["{col}"]` (or `mutable=True`) to `apply`/`init`.')
+    self.collection, self.name, self.path = col, name, tuple(path)
+
+
+class MissingCollectionError(LiftError):
+  """A variable was requested from a collection that is absent and immutable."""
+
+  def __init__(self, col, name, path):
+    super().__init__(
+        f'Collection "{col}" is missing, so variable "{name}" at '
+        f'"{_path_text(path)}" cannot be read, and it cannot be created because '
+        f'"{col}" is not mutable. Fix: include "{col}" in the variables passed '
+        f'to `apply` (e.g. `{{"{col}": ...}}`), or make it mutable with '
+        f'`mutable=["{col}"]` to create it.')
+    self.collection, self.name, self.path = col, name, tuple(path)
+
+
+class ParamShapeError(LiftError):
+  """An existing parameter's shape differs from the shape its init_fn would produce."""
+
+  def __init__(self, name, path, existing_shape, expected_shape):
+    super().__init__(
+        f'Parameter "{name}" at "{_path_text(path)}" (collection "params") has '
+        f'shape {existing_shape} but its initializer produces shape '
+        f'{expected_shape}. The variables do not match the model '
+        'configuration or the input shape. Fix: re-initialise the variables '
+        'for this configuration, or pass inputs of the shape used at init.')
+    self.name, self.path = name, tuple(path)
+    self.existing_shape, self.expected_shape = existing_shape, expected_shape
+
+
+class ImmutableCollectionError(LiftError):
+  """A write to a variable whose collection is not mutable."""
+
+  def __init__(self, col, name, path):
+    super().__init__(
+        f'Cannot write variable "{name}" at "{_path_text(path)}": collection '
+        f'"{col}" is immutable here. Fix: pass `mutable=["{col}"]` to `apply` '
+        '(or `mutable=True`); inside a lifted transform, also make sure the '
+        f'transform returns "{col}" (for example list it in `variable_axes`, '
+        '`variable_carry` or the `variables` filter).')
+    self.collection, self.name, self.path = col, name, tuple(path)
+
+
+class UnknownRngError(LiftError):
+  """`make_rng` asked for a stream that this scope does not have."""
+
+  def __init__(self, rng_name, path, available):
+    super().__init__(
+        f'Scope "{_path_text(path)}" needs PRNG stream "{rng_name}", but only '
+        f'{sorted(available)} are available here (no "params" stream to fall '
+        f'back on either). Fix: pass it, e.g. `rngs={{"{rng_name}": key}}` to '
+        '`init`/`apply`; inside a lifted transform, make sure the transform\'s '
+        f'rng filter (`split_rngs` / `rngs`) matches "{rng_name}".')
+    self.rng_name, self.path = rng_name, tuple(path)
+
+
+class NameInUseError(LiftError, ValueError):
+  """A child scope or variable name is already taken in this scope."""
+
+  def __init__(self, name, path, col=None):
+    what = f'variable "{name}" of collection "{col}"' if col else f'child "{name}"'
+    super().__init__(
+        f'Name "{name}" is already in use at "{_path_text(path)}" (while '
+        f'reserving {what}). Each child scope, and each variable within a '
+        'collection, needs a unique name per scope. Fix: choose another name, '
+        'or pass `reuse=True` to `push` to get the existing child back.')
+    self.name, self.path = name, tuple(path)
+
+
+class InvalidFilterError(LiftError, TypeError):
+  """A filter is not a bool, a string, a collection of strings or a DenyList."""
+
+  def __init__(self, filter_like):
+    super().__init__(
+        f'Invalid filter {filter_like!r} of type {type(filter_like).__name__}. '
+        'A filter is True (everything), False (nothing), a collection name, '
+        'a list/tuple/set of names, or DenyList(filter). Fix: e.g. '
+        '`["params", "batch_stats"]` or `DenyList("params")`.')
+    self.filter = filter_like
+
+
+class UnmappedCollectionError(LiftError):
+  """A mutable collection was written inside a lifted transform but no out filter returns it."""
+
+  def __init__(self, cols, transform_name, path):
+    name = transform_name or 'pack'
+    super().__init__(
+        f'Collections {sorted(cols)} are mutable inside the lifted `{name}` at '
+        f'"{_path_text(path)}" but match none of its output variable filters, '
+        'so their values would be lost when it returns. Fix: give the '
+        'transform a rule for them (for vmap/scan add them to `variable_axes`, '
+        '`variable_broadcast` or `variable_carry`; for other transforms include '
+        'them in `variables`), or make them immutable in `apply`.')
+    self.collections, self.path = tuple(sorted(cols)), tuple(path)
+
+
+class InvalidVariablesError(LiftError, TypeError):
+  """The variables passed to `apply`/`bind` are not a `{collection: {name: value}}` dict."""
+
+
+class InvalidRngsError(LiftError, TypeError):
+  """The `rngs` argument is not a PRNG key or a dict of named PRNG keys."""

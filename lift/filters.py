@@ -1,0 +1,193 @@
+"""Collection and rng-stream filters, and their set algebra.
+
+A filter names a set of collections (or rng streams):
+
+* ``True``: every name; ``False``: none;
+* a string: that one name; a list, tuple or set of strings: those names;
+* ``DenyList(f)``: every name not matched by ``f``.
+
+``union_filters``, ``intersect_filters`` and ``subtract_filters`` compose
+filters exactly as the sets they denote. Finite results are ``set``s (``False``
+for nothing); co-finite results are ``DenyList``s (``True`` for everything).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Union
+
+from lift.errors import InvalidFilterError
+
+Filter = Union[bool, str, Collection[str], 'DenyList']
+CollectionFilter = Filter
+PRNGSequenceFilter = Filter
+
+
+@dataclasses.dataclass(frozen=True)
+class DenyList:
+  """Matches every name except those matched by ``deny``.
+
+  >>> in_filter(DenyList('params'), 'batch_stats')
+  True
+  """
+  deny: Filter
+
+  def __post_init__(self):
+    # Normalise finite denials to a frozenset so equal filters compare and hash equal.
+    deny = self.deny
+    if isinstance(deny, str):
+      deny = frozenset({deny})
+    elif not isinstance(deny, (bool, DenyList)):
+      deny = frozenset(_finite(deny))
+    object.__setattr__(self, 'deny', deny)
+
+
+def _finite(f: Filter) -> frozenset[str]:
+  """The set of names of a finite filter (not True, not a DenyList)."""
+  if f is False:
+    return frozenset()
+  if isinstance(f, str):
+    return frozenset({f})
+  if isinstance(f, Collection) and not isinstance(f, (bool, Mapping)):
+    if all(isinstance(x, str) for x in f):
+      return frozenset(f)
+  raise InvalidFilterError(f)
+
+
+def validate_filter(f: Any) -> Filter:
+  """Raises `InvalidFilterError` unless ``f`` is a filter; returns it.
+
+  >>> validate_filter(['params'])
+  ['params']
+  """
+  if f is True or f is False:
+    return f
+  if isinstance(f, DenyList):
+    validate_filter(f.deny)
+    return f
+  _finite(f)
+  return f
+
+
+def in_filter(filter_like: Filter, name: str) -> bool:
+  """Whether ``name`` is matched by the filter.
+
+  >>> in_filter(['params', 'cache'], 'cache'), in_filter(False, 'params')
+  (True, False)
+  """
+  if filter_like is True or filter_like is False:
+    return filter_like
+  if isinstance(filter_like, DenyList):
+    return not in_filter(filter_like.deny, name)
+  return name in _finite(filter_like)
+
+
+def is_filter_empty(filter_like: Filter) -> bool:
+  """Whether the filter matches no name at all.
+
+  >>> is_filter_empty([]), is_filter_empty(DenyList(True)), is_filter_empty('a')
+  (True, True, False)
+  """
+  if filter_like is True or filter_like is False:
+    return not filter_like
+  if isinstance(filter_like, DenyList):
+    return _is_everything(filter_like.deny)
+  return not _finite(filter_like)
+
+
+def _is_everything(f: Filter) -> bool:
+  if f is True:
+    return True
+  if isinstance(f, DenyList):
+    return is_filter_empty(f.deny)
+  validate_filter(f)
+  return False
+
+
+def union_filters(a: Filter, b: Filter) -> Filter:
+  """The filter matching names matched by ``a`` or ``b``.
+
+  >>> union_filters(DenyList(['a', 'b']), ['b', 'c']) == DenyList({'a'})
+  True
+  """
+  if _is_everything(a) or _is_everything(b):
+    return True
+  if isinstance(a, DenyList) and isinstance(b, DenyList):
+    return _deny(intersect_filters(a.deny, b.deny))
+  if isinstance(b, DenyList):
+    a, b = b, a
+  if isinstance(a, DenyList):
+    return _deny(subtract_filters(a.deny, b))
+  return set(_finite(a) | _finite(b))
+
+
+def intersect_filters(a: Filter, b: Filter) -> Filter:
+  """The filter matching names matched by both ``a`` and ``b``.
+
+  >>> intersect_filters(DenyList(['a', 'b']), ['b', 'c'])
+  {'c'}
+  """
+  if _is_everything(a):
+    return _normalise(b)
+  if _is_everything(b):
+    return _normalise(a)
+  if isinstance(a, DenyList) and isinstance(b, DenyList):
+    return _deny(union_filters(a.deny, b.deny))
+  if isinstance(a, DenyList):
+    a, b = b, a
+  if isinstance(b, DenyList):
+    return subtract_filters(a, b.deny)
+  return set(_finite(a) & _finite(b))
+
+
+def subtract_filters(a: Filter, b: Filter) -> Filter:
+  """The filter matching names matched by ``a`` but not by ``b``.
+
+  >>> subtract_filters(True, 'params') == DenyList('params')
+  True
+  """
+  if _is_everything(b):
+    return set()
+  if _is_everything(a):
+    return _deny(b)
+  if isinstance(a, DenyList) and isinstance(b, DenyList):
+    return subtract_filters(b.deny, a.deny)
+  if isinstance(a, DenyList):
+    return _deny(union_filters(a.deny, b))
+  if isinstance(b, DenyList):
+    return intersect_filters(a, b.deny)
+  return set(_finite(a) - _finite(b))
+
+
+def _deny(f: Filter) -> Filter:
+  """``DenyList(f)``, simplified: denying nothing is ``True``; denying a DenyList is its inner filter."""
+  if is_filter_empty(f):
+    return True
+  if isinstance(f, DenyList):
+    return _normalise(f.deny)
+  return DenyList(f)
+
+
+def _normalise(f: Filter) -> Filter:
+  if f is True or isinstance(f, DenyList):
+    return f
+  if f is False:
+    return set()
+  return set(_finite(f))
+
+
+def group_collections(xs: Mapping[str, Any],
+                      filters: Sequence[Filter]) -> tuple[dict[str, Any], ...]:
+  """Splits the keys of ``xs`` into one dict per filter; the first match wins.
+
+  A key matched by no filter is left out of every group.
+
+  >>> group_collections({'params': 1, 'stats': 2, 'cache': 3}, ['params', True])
+  ({'params': 1}, {'stats': 2, 'cache': 3})
+  """
+  remaining = list(xs.keys())
+  groups = []
+  for f in filters:
+    groups.append({k: xs[k] for k in remaining if in_filter(f, k)})
+    remaining = [k for k in remaining if k not in groups[-1]]
+  return tuple(groups)

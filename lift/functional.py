@@ -1,0 +1,103 @@
+"""Entry points that turn a scope function into a pure function: `init`, `apply`, `bind`."""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from lift import errors
+from lift.filters import Filter, in_filter, validate_filter
+from lift.rng import is_prng_key
+from lift.scope import Scope, copy_structure
+
+_BAD_VARIABLES = (
+    'Variables must be a dict {{collection: {{name: value}}}} with string keys; '
+    'got {what}. Fix: pass the dict returned by `init` (or its mutated '
+    'collections merged back in).')
+_NESTED_PARAMS = (
+    'The variables have a "params" collection that itself holds "params": '
+    'you probably passed `{"params": variables}` where `variables` already is '
+    '`{"params": ...}`. Fix: pass `variables` itself.')
+_BAD_RNGS = (
+    'rngs must be a PRNG key (jax.random.key / PRNGKey) or a dict mapping '
+    'stream names to keys; got {what}. Fix: e.g. `rngs={{"params": key, '
+    '"dropout": key2}}`.')
+
+
+def _check_variables(variables: Any):
+  if not isinstance(variables, Mapping):
+    raise errors.InvalidVariablesError(_BAD_VARIABLES.format(what=type(variables).__name__))
+  for col, tree in variables.items():
+    if not isinstance(col, str) or not isinstance(tree, Mapping):
+      raise errors.InvalidVariablesError(
+          _BAD_VARIABLES.format(what=f'collection {col!r} of type {type(tree).__name__}'))
+  params = variables.get('params')
+  if isinstance(params, Mapping) and 'params' in params:
+    raise errors.InvalidVariablesError(_NESTED_PARAMS)
+
+
+def _normalise_rngs(rngs: Any) -> dict[str, Any] | None:
+  if rngs is None:
+    return None
+  if is_prng_key(rngs):
+    return {'params': rngs}
+  if isinstance(rngs, Mapping) and all(
+      isinstance(k, str) and is_prng_key(v) for k, v in rngs.items()):
+    return dict(rngs)
+  raise errors.InvalidRngsError(_BAD_RNGS.format(what=repr(rngs)[:200]))
+
+
+def bind(variables: Mapping[str, Any], rngs: Any = None, mutable: Filter = False,
+         flags: Mapping[str, Any] | None = None) -> Scope:
+  """A root scope over ``variables``; mutable collections are copied, never written in place.
+
+  >>> scope = bind({'params': {'w': 1.0}})
+  >>> scope.get_variable('params', 'w')
+  1.0
+  """
+  _check_variables(variables)
+  validate_filter(mutable)
+  owned = {col: copy_structure(tree) if in_filter(mutable, col) else tree
+           for col, tree in variables.items()}
+  return Scope(owned, rngs=_normalise_rngs(rngs), mutable=mutable, flags=flags)
+
+
+def apply(fn: Callable[..., Any], mutable: Filter = False,
+          flags: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+  """Turns ``fn(scope, *args)`` into ``apply_fn(variables, *args, rngs=None)``.
+
+  Returns ``y``, or ``(y, mutated_variables)`` when ``mutable`` is not False.
+
+  >>> y = apply(lambda scope: scope.get_variable('params', 'w') * 2)({'params': {'w': 1.0}})
+  """
+
+  @functools.wraps(fn)
+  def apply_fn(variables, *args, rngs=None, **kwargs):
+    root = bind(variables, rngs=rngs, mutable=mutable, flags=flags)
+    try:
+      y = fn(root, *args, **kwargs)
+      mutated = root.mutable_variables() if mutable is not False else None
+    finally:
+      root.invalidate()
+    return y if mutable is False else (y, mutated)
+
+  return apply_fn
+
+
+def init(fn: Callable[..., Any], mutable: Filter = True,
+         flags: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+  """Turns ``fn(scope, *args)`` into ``init_fn(rngs, *args) -> (y, variables)``.
+
+  A single key as ``rngs`` means ``{'params': key}``.
+
+  >>> y, variables = init(lambda scope: scope.param('w', lambda k: 1.0))(jax.random.key(0))
+  """
+
+  @functools.wraps(fn)
+  def init_fn(rngs, *args, **kwargs):
+    if _normalise_rngs(rngs) is None:
+      raise errors.InvalidRngsError(_BAD_RNGS.format(what='None'))
+    init_flags = {**(flags or {}), 'initializing': True}
+    return apply(fn, mutable=mutable, flags=init_flags)({}, *args, rngs=rngs, **kwargs)
+
+  return init_fn

@@ -1,0 +1,197 @@
+"""`pack`: the one mechanism that lifts scopes through any JAX transform.
+
+``pack`` runs six stages, each a function below:
+
+1. :func:`dedup_scopes`: of the scopes passed in, only roots (no ancestor in the
+   set) are lifted; the others are re-derived from their root by path.
+2. :func:`filter_groups`: variables and rng streams are split into groups by
+   the in-filters and rng filters; a stream keeps its raw key and suffix.
+3. the transform-specific ``fn`` receives the groups and runs the JAX transform;
+4. :func:`reconstruct` (given to ``fn`` as ``scope_fn``) builds fresh inner
+   scopes from the (transformed) groups;
+5. :func:`repack` (``repack_fn``) collects the mutable inner variables back into
+   groups by the out-filters; immutable collections are never returned;
+6. :func:`commit` writes the returned groups into the original scopes.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+
+from lift import errors
+from lift.filters import (Filter, group_collections, intersect_filters,
+                          subtract_filters, union_filters, validate_filter)
+from lift.scope import Scope, copy_structure
+
+VariableGroups = tuple[tuple[dict[str, Any], ...], ...]  # [filter][root] -> {col: tree}
+RngGroups = tuple[tuple[dict[str, Any], ...], ...]  # [filter][root] -> {stream: RngStream}
+
+
+class LiftedScopes(NamedTuple):
+  """The result of :func:`dedup_scopes`."""
+  roots: tuple[Scope, ...]
+  # For every scope passed in: (index of its root in ``roots``, names below that root).
+  paths: tuple[tuple[int, tuple[str, ...]], ...]
+  treedef: Any
+
+
+class PackSpec(NamedTuple):
+  """What a lifted transform declares about variables and rngs."""
+  in_filters: tuple[Filter, ...]
+  out_filters: tuple[Filter, ...]
+  rng_filters: tuple[Filter, ...]
+  name: str | None
+
+
+def dedup_scopes(scope_tree: Any) -> LiftedScopes:
+  """Stage 1: keeps only root scopes; every other scope is a path below one of them."""
+  scopes, treedef = jax.tree_util.tree_flatten(
+      scope_tree, is_leaf=lambda x: isinstance(x, Scope))
+  for scope in scopes:
+    if not isinstance(scope, Scope):
+      raise TypeError(f'pack expects a Scope (or a pytree of Scopes), got {type(scope).__name__}.')
+    scope._check_valid()
+  lifted = {s.identity for s in scopes}
+  roots, root_index, paths = [], {}, []
+  for scope in scopes:
+    root, below = _highest_lifted_ancestor(scope, lifted)
+    if root.identity not in root_index:
+      root_index[root.identity] = len(roots)
+      roots.append(root)
+    paths.append((root_index[root.identity], below))
+  return LiftedScopes(tuple(roots), tuple(paths), treedef)
+
+
+def _highest_lifted_ancestor(scope: Scope, lifted: set) -> tuple[Scope, tuple[str, ...]]:
+  best, below, names = scope, (), []
+  node = scope
+  while node.parent is not None:
+    names.append(node.name)
+    node = node.parent
+    if node.identity in lifted:
+      best, below = node, tuple(reversed(names))
+  return best, below
+
+
+def filter_groups(roots: Sequence[Scope], spec: PackSpec) -> tuple[VariableGroups, RngGroups]:
+  """Stage 2: splits each root's variables and rng streams into groups by filter."""
+  variable_groups = [group_collections(_own_collections(r), spec.in_filters) for r in roots]
+  rng_groups = [group_collections(r.rngs, spec.rng_filters) for r in roots]
+  return _transpose(variable_groups, spec.in_filters), _transpose(rng_groups, spec.rng_filters)
+
+
+def _own_collections(scope: Scope) -> dict[str, Any]:
+  return {col: copy_structure(tree) for col, tree in scope.variables().items()}
+
+
+def _transpose(per_root: list[tuple[dict, ...]], filters) -> tuple[tuple[dict, ...], ...]:
+  return tuple(tuple(groups[i] for groups in per_root) for i in range(len(filters)))
+
+
+def inner_mutability(outer: Scope, spec: PackSpec, mutable_filter: Filter = True) -> Filter:
+  """What is mutable inside: outer-mutable collections that the transform returns,
+
+  plus outer-mutable collections it does not lift at all, so that creating one
+  inside is caught by :func:`repack` instead of being lost.
+  """
+  returned = intersect_filters(outer.mutable, _union(spec.out_filters))
+  unlifted = subtract_filters(outer.mutable, _union(spec.in_filters))
+  return intersect_filters(union_filters(returned, unlifted), mutable_filter)
+
+
+def _union(filters: Sequence[Filter]) -> Filter:
+  return functools.reduce(union_filters, filters, False)
+
+
+def reconstruct(lifted: LiftedScopes, spec: PackSpec, created: list[Scope],
+                variable_groups: VariableGroups, rng_groups: RngGroups,
+                mutable_filter: Filter = True) -> Any:
+  """Stage 4 (``scope_fn``): fresh inner scopes from groups, in the caller's scope tree shape."""
+  inner_roots = []
+  for i, outer in enumerate(lifted.roots):
+    variables = {col: copy_structure(tree)
+                 for group in variable_groups for col, tree in group[i].items()}
+    rngs = {k: s for group in rng_groups for k, s in group[i].items()}
+    inner = Scope(variables, rngs, outer.name, inner_mutability(outer, spec, mutable_filter),
+                  path=outer.path, flags=outer.flags, rng_counters=outer.rng_counters)
+    inner._debug_name = spec.name
+    inner_roots.append(inner)
+  created.extend(inner_roots)
+  scopes = []
+  for index, below in lifted.paths:
+    scope = inner_roots[index]
+    for name in below:
+      scope = scope.push(name, reuse=True)
+    scopes.append(scope)
+  return lifted.treedef.unflatten(scopes)
+
+
+def repack(lifted: LiftedScopes, spec: PackSpec, inner_tree: Any) -> VariableGroups:
+  """Stage 5 (``repack_fn``): mutable inner variables, grouped by the out-filters."""
+  inner_scopes = lifted.treedef.flatten_up_to(inner_tree)
+  first = {index: k for k, (index, _) in reversed(list(enumerate(lifted.paths)))}
+  per_root = []
+  for index in range(len(lifted.roots)):
+    inner = inner_scopes[first[index]].root
+    mutable = {col: tree for col, tree in inner.variables().items()
+               if inner.is_mutable_collection(col)}
+    *groups, rest = group_collections(mutable, spec.out_filters + (True,))
+    if rest:
+      raise errors.UnmappedCollectionError(rest, spec.name, inner.path)
+    inner.invalidate()
+    per_root.append(tuple(groups))
+  return _transpose(per_root, spec.out_filters)
+
+
+def commit(roots: Sequence[Scope], out_groups: VariableGroups):
+  """Stage 6: writes the repacked variables into the original scopes."""
+  for group in out_groups:
+    for root, collections in zip(roots, group):
+      for col, tree in collections.items():
+        for name, value in tree.items():
+          root.put_variable(col, name, value)
+
+
+def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
+         out_variable_filters: Sequence[Filter], rng_filters: Sequence[Filter],
+         name: str | None = None) -> Callable[..., Any]:
+  """Lifts ``fn(scope_fn, repack_fn, variable_groups, rng_groups, *args) -> (y, out_groups)``.
+
+  Returns ``wrapper(scope_tree, *args, **kwargs) -> y``. ``variable_groups[i][r]``
+  is the dict of collections of root scope ``r`` matched by in-filter ``i``;
+  ``rng_groups`` likewise for rng streams. ``scope_fn(variable_groups,
+  rng_groups)`` rebuilds the scopes; ``repack_fn(scope_tree)`` returns the
+  mutable variables as ``out_groups``, one group per out-filter.
+
+  >>> def lift_identity(fn):
+  ...   def inner(scope_fn, repack_fn, variable_groups, rng_groups, *args):
+  ...     scope = scope_fn(variable_groups, rng_groups)
+  ...     return fn(scope, *args), repack_fn(scope)
+  ...   return pack(inner, (True,), (True,), (True,), name='identity')
+  """
+  spec = PackSpec(*(tuple(validate_filter(f) for f in fs)
+                    for fs in (in_variable_filters, out_variable_filters, rng_filters)), name)
+
+  @functools.wraps(fn)
+  def wrapper(scope_tree, *args, **kwargs):
+    lifted = dedup_scopes(scope_tree)
+    variable_groups, rng_groups = filter_groups(lifted.roots, spec)
+    created: list[Scope] = []
+    scope_fn = functools.partial(reconstruct, lifted, spec, created)
+    repack_fn = functools.partial(repack, lifted, spec)
+    try:
+      y, out_groups = fn(scope_fn, repack_fn, variable_groups, rng_groups, *args, **kwargs)
+    finally:
+      for inner in created:
+        inner.invalidate()
+    commit(lifted.roots, out_groups)
+    return y
+
+  return wrapper
+
+
+__all__ = ['pack', 'dedup_scopes', 'filter_groups', 'reconstruct', 'repack',
+           'commit', 'LiftedScopes', 'PackSpec', 'inner_mutability']

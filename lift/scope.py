@@ -1,0 +1,301 @@
+"""`Scope`: variables grouped in named collections, named PRNG streams, a mutability filter.
+
+A root scope owns a dict ``{collection: {name: value | {child: ...}}}``; a child
+scope is a cursor into it (its root plus the names on the way down). Every
+read and write goes through the root's dict, so a write made through one scope
+is seen by every scope that shares the root.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+import jax
+import numpy as np
+from flax.core import meta
+
+from lift import errors
+from lift.filters import Filter, in_filter, validate_filter
+from lift.rng import RngCounters, RngStream, as_stream
+
+T = TypeVar('T')
+
+
+def copy_structure(tree: Any) -> Any:
+  """A copy of the nested dict structure of ``tree`` as plain dicts; leaves are shared.
+
+  >>> copy_structure({'a': {'b': 1}})
+  {'a': {'b': 1}}
+  """
+  if isinstance(tree, Mapping):
+    return {k: copy_structure(v) for k, v in tree.items()}
+  return tree
+
+
+class Variable(Generic[T]):
+  """A handle on one variable of a scope: ``.value`` reads and writes it.
+
+  >>> def f(scope):
+  ...   count = scope.variable('counter', 'count', lambda: 0)
+  ...   count.value += 1
+  """
+
+  def __init__(self, scope: 'Scope', collection: str, name: str, unbox: bool = True):
+    self.scope, self.collection, self.name, self.unbox = scope, collection, name, unbox
+
+  @property
+  def value(self) -> T:
+    value = self.scope.get_variable(self.collection, self.name)
+    return meta.unbox(value) if self.unbox else value
+
+  @value.setter
+  def value(self, value: T):
+    if self.unbox:
+      old = self.scope.get_variable(self.collection, self.name)
+      value = meta.replace_boxed(old, value)
+    self.scope.put_variable(self.collection, self.name, value)
+
+  def is_mutable(self) -> bool:
+    return self.scope.is_mutable_collection(self.collection)
+
+  def __repr__(self):
+    return f'Variable({self.collection}:{self.scope.path_text}/{self.name})'
+
+
+class Scope:
+  """Variables, PRNG streams and mutability of one node in the variable tree.
+
+  >>> def dense(scope, x, features):
+  ...   kernel = scope.param('kernel', jax.nn.initializers.lecun_normal(),
+  ...                        (x.shape[-1], features))
+  ...   return x @ kernel
+  >>> y, variables = init(dense)(jax.random.key(0), jax.numpy.ones((1, 3)), 2)
+  """
+
+  def __init__(self, variables: dict, rngs: Mapping[str, Any] | None = None,
+               name: str | None = None, mutable: Filter = False,
+               parent: 'Scope | None' = None, path: tuple[str, ...] = (),
+               flags: Mapping[str, Any] | None = None,
+               rng_counters: RngCounters | None = None):
+    validate_filter(mutable)
+    self.name, self.parent, self.mutable = name, parent, mutable
+    self.path = tuple(path)
+    self.rngs = {k: as_stream(v) for k, v in (rngs or {}).items()}
+    self.flags = dict(flags or {})
+    self.rng_counters = rng_counters or RngCounters()
+    self.reservations: dict[str, set[str | None]] = collections.defaultdict(set)
+    self._root = parent.root if parent is not None else self
+    self._rel_path = parent._rel_path + (name,) if parent is not None else ()
+    self._variables = variables if parent is None else None
+    # Shared by a root and its rewound copies: invalidating the root ends them all.
+    self._root_alive = parent._root_alive if parent is not None else [True]
+    self._invalid = False
+    self._debug_name: str | None = None
+
+  # -- identity and validity ------------------------------------------------
+
+  @property
+  def root(self) -> 'Scope':
+    return self._root
+
+  @property
+  def path_text(self) -> str:
+    text = '/' + '/'.join(self.path)
+    debug = self.root._debug_name
+    return f'{debug}({text})' if debug else text
+
+  @property
+  def identity(self) -> tuple[int, tuple[str, ...]]:
+    """Two scopes with the same identity read and write the same variables."""
+    return id(self.root._variables), self._rel_path
+
+  @property
+  def invalid(self) -> bool:
+    return self._invalid or not self._root_alive[0]
+
+  def invalidate(self):
+    """Marks this scope unusable; invalidating a root invalidates its whole tree."""
+    self._invalid = True
+    if self.parent is None:
+      self._root_alive[0] = False
+
+  def _check_valid(self):
+    if self.invalid:
+      raise errors.InvalidScopeError(self.path)
+
+  def rewound(self, rewind_rngs: bool = False) -> 'Scope':
+    """A copy with no name reservations (and, optionally, rng counters reset)."""
+    self._check_valid()
+    scope = Scope(self._variables, self.rngs, self.name, self.mutable,
+                  self.parent, self.path, self.flags,
+                  None if rewind_rngs else self.rng_counters)
+    if self.parent is None:
+      scope._root_alive, scope._debug_name = self._root_alive, self._debug_name
+    return scope
+
+  # -- names and children ---------------------------------------------------
+
+  def name_reserved(self, name: str, col: str | None = None) -> bool:
+    taken = self.reservations.get(name, set())
+    return bool(taken) and (None in taken or col is None or col in taken)
+
+  def reserve(self, name: str, col: str | None = None):
+    """Claims ``name`` for a child (``col=None``) or a variable of ``col``."""
+    if not isinstance(name, str):
+      raise TypeError(f'Scope names must be strings, got {name!r} at "{self.path_text}".')
+    if self.name_reserved(name, col):
+      raise errors.NameInUseError(name, self.path, col)
+    self.reservations[name].add(col)
+
+  def default_name(self, prefix: str) -> str:
+    """The first unreserved name ``f'{prefix}{i}'`` for i = 0, 1, ..."""
+    i = 0
+    while f'{prefix}{i}' in self.reservations:
+      i += 1
+    return f'{prefix}{i}'
+
+  def push(self, name: str | None = None, prefix: str = '', reuse: bool = False) -> 'Scope':
+    """Creates the child scope ``name`` (``reuse=True`` returns an existing one)."""
+    self._check_valid()
+    if name is None:
+      name = self.default_name(prefix)
+    if not reuse or name not in self.reservations:
+      self.reserve(name)
+    rngs = {k: s.child(name) for k, s in self.rngs.items()}
+    return Scope(None, rngs, name, self.mutable, self, self.path + (name,),
+                 self.flags, self.rng_counters.child(name))
+
+  def child(self, fn: Callable[..., Any], name: str | None = None,
+            prefix: str | None = None, named_call: bool = True,
+            **partial_kwargs) -> Callable[..., Any]:
+    """Partially applies a new child scope to ``fn``; repeated calls reuse its variables.
+
+    >>> def mlp(scope, x):
+    ...   return scope.child(dense, 'out')(x, 1)
+    """
+    if name is None:
+      if prefix is None:
+        prefix = getattr(fn, '__name__', '') + '_'
+      name = self.default_name(prefix)
+    scope = self.push(name)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+      kwargs = {**partial_kwargs, **kwargs}
+      if named_call:
+        with jax.named_scope(name):
+          return fn(scope.rewound(), *args, **kwargs)
+      return fn(scope.rewound(), *args, **kwargs)
+
+    return call
+
+  # -- collections ----------------------------------------------------------
+
+  def is_mutable_collection(self, col: str) -> bool:
+    return in_filter(self.mutable, col)
+
+  def is_collection_empty(self, col: str) -> bool:
+    return not self.root._variables.get(col)
+
+  def _collection(self, col: str) -> Mapping[str, Any]:
+    node = self.root._variables.get(col, {})
+    for name in self._rel_path:
+      node = node.get(name, {}) if isinstance(node, Mapping) else {}
+    return node if isinstance(node, Mapping) else {}
+
+  def _mutable_collection(self, col: str) -> dict[str, Any]:
+    node = self.root._variables.setdefault(col, {})
+    for name in self._rel_path:
+      node = node.setdefault(name, {})
+    return node
+
+  def has_variable(self, col: str, name: str) -> bool:
+    self._check_valid()
+    return name in self._collection(col)
+
+  def get_variable(self, col: str, name: str, default: Any = None) -> Any:
+    self._check_valid()
+    return self._collection(col).get(name, default)
+
+  def put_variable(self, col: str, name: str, value: Any):
+    """Writes a variable; the collection must be mutable."""
+    self._check_valid()
+    if not self.is_mutable_collection(col):
+      raise errors.ImmutableCollectionError(col, name, self.path)
+    self._mutable_collection(col)[name] = value
+
+  def variable(self, col: str, name: str, init_fn: Callable[..., T] | None = None,
+               *init_args, unbox: bool = True, **init_kwargs) -> Variable[T]:
+    """Returns the variable, creating it with ``init_fn(*init_args)`` if absent."""
+    self.reserve(name, col)
+    if not self.has_variable(col, name):
+      if init_fn is None or not self.is_mutable_collection(col):
+        if self.is_collection_empty(col) and not self.is_mutable_collection(col):
+          raise errors.MissingCollectionError(col, name, self.path)
+        raise errors.MissingVariableError(col, name, self.path)
+      self.put_variable(col, name, init_fn(*init_args, **init_kwargs))
+    return Variable(self, col, name, unbox=unbox)
+
+  def param(self, name: str, init_fn: Callable[..., T], *init_args,
+            unbox: bool = True, **init_kwargs) -> T:
+    """Returns parameter ``name``, creating it with ``init_fn(make_rng('params'), *init_args)``.
+
+    An existing parameter is checked against the shape ``init_fn`` would give.
+    """
+    self.reserve(name, 'params')
+    if self.has_variable('params', name):
+      value = self.get_variable('params', name)
+      self._check_param_shape(name, value, init_fn, init_args, init_kwargs)
+    else:
+      if not self.is_mutable_collection('params'):
+        if self.is_collection_empty('params'):
+          raise errors.MissingCollectionError('params', name, self.path)
+        raise errors.MissingParamError(name, self.path)
+      value = init_fn(self.make_rng('params'), *init_args, **init_kwargs)
+      self.put_variable('params', name, value)
+    return meta.unbox(value) if unbox else value
+
+  def _check_param_shape(self, name, value, init_fn, init_args, init_kwargs):
+    expected = jax.eval_shape(lambda: init_fn(jax.random.key(0), *init_args, **init_kwargs))
+    for have, want in zip(jax.tree_util.tree_leaves(meta.unbox(value)),
+                          jax.tree_util.tree_leaves(meta.unbox(expected))):
+      if np.shape(have) != np.shape(want):
+        raise errors.ParamShapeError(name, self.path, np.shape(have), np.shape(want))
+
+  def variables(self) -> dict[str, Any]:
+    """The variables under this scope, ``{collection: {name: value}}``."""
+    self._check_valid()
+    cols = {col: self._collection(col) for col in self.root._variables}
+    return {col: tree for col, tree in cols.items() if tree}
+
+  def mutable_variables(self) -> dict[str, Any]:
+    """The mutable collections of :meth:`variables`."""
+    return {col: tree for col, tree in self.variables().items()
+            if self.is_mutable_collection(col)}
+
+  # -- rngs -------------------------------------------------------------------
+
+  def has_rng(self, name: str) -> bool:
+    return name in self.rngs
+
+  def make_rng(self, name: str = 'params') -> jax.Array:
+    """A fresh key from stream ``name`` (as Flax: falls back to 'params' if absent)."""
+    self._check_valid()
+    if not self.has_rng(name):
+      if not self.has_rng('params'):
+        raise errors.UnknownRngError(name, self.path, self.rngs)
+      name = 'params'
+    return self.rngs[name].draw(self.rng_counters.next(name))
+
+  # -- flags --------------------------------------------------------------------
+
+  def has_flag(self, key: str) -> bool:
+    return key in self.flags
+
+  def get_flag(self, key: str, default: Any = None) -> Any:
+    return self.flags.get(key, default)
+
+  def __repr__(self):
+    return f'Scope({self.path_text}, mutable={self.mutable!r}, rngs={sorted(self.rngs)})'
