@@ -19,7 +19,8 @@ class ScanConversionError(LiftError):
 
 
 def _path_text(path) -> str:
-  return '/' + '/'.join(path)
+  """A scope's path as text; a string is already a scope's ``path_text``."""
+  return path if isinstance(path, str) else '/' + '/'.join(path)
 
 
 class InvalidScopeError(LiftError):
@@ -32,7 +33,7 @@ class InvalidScopeError(LiftError):
         'Scopes and Variables are only usable while the function they were '
         'passed to runs. Fix: do not keep scopes or Variables in closures or '
         'globals; pass values out of the transform as return values instead.')
-    self.path = tuple(path)
+    self.path = path
 
 
 class MissingParamError(LiftError):
@@ -45,7 +46,7 @@ class MissingParamError(LiftError):
         'initialise the variables first with `init`, or check that the '
         'variables passed to `apply` come from the same model (a renamed '
         'submodule changes the path).')
-    self.name, self.path = name, tuple(path)
+    self.name, self.path = name, path
 
 
 class MissingVariableError(LiftError):
@@ -57,7 +58,7 @@ class MissingVariableError(LiftError):
         'and it cannot be created here: either no init_fn was given or the '
         f'collection "{col}" is not mutable. Fix: pass an init_fn and '
         f'`mutable=["{col}"]` (or `mutable=True`) to `apply`/`init`.')
-    self.collection, self.name, self.path = col, name, tuple(path)
+    self.collection, self.name, self.path = col, name, path
 
 
 class MissingCollectionError(LiftError):
@@ -70,7 +71,7 @@ class MissingCollectionError(LiftError):
         f'"{col}" is not mutable. Fix: include "{col}" in the variables passed '
         f'to `apply` (e.g. `{{"{col}": ...}}`), or make it mutable with '
         f'`mutable=["{col}"]` to create it.')
-    self.collection, self.name, self.path = col, name, tuple(path)
+    self.collection, self.name, self.path = col, name, path
 
 
 class ParamShapeError(LiftError):
@@ -83,7 +84,7 @@ class ParamShapeError(LiftError):
         f'{expected_shape}. The variables do not match the model '
         'configuration or the input shape. Fix: re-initialise the variables '
         'for this configuration, or pass inputs of the shape used at init.')
-    self.name, self.path = name, tuple(path)
+    self.name, self.path = name, path
     self.existing_shape, self.expected_shape = existing_shape, expected_shape
 
 
@@ -97,7 +98,7 @@ class ImmutableCollectionError(LiftError):
         '(or `mutable=True`); inside a lifted transform, also make sure the '
         f'transform returns "{col}" (for example list it in `variable_axes`, '
         '`variable_carry` or the `variables` filter).')
-    self.collection, self.name, self.path = col, name, tuple(path)
+    self.collection, self.name, self.path = col, name, path
 
 
 class UnknownRngError(LiftError):
@@ -110,7 +111,7 @@ class UnknownRngError(LiftError):
         f'back on either). Fix: pass it, e.g. `rngs={{"{rng_name}": key}}` to '
         '`init`/`apply`; inside a lifted transform, make sure the transform\'s '
         f'rng filter (`split_rngs` / `rngs`) matches "{rng_name}".')
-    self.rng_name, self.path = rng_name, tuple(path)
+    self.rng_name, self.path = rng_name, path
 
 
 class NameInUseError(LiftError, ValueError):
@@ -123,7 +124,7 @@ class NameInUseError(LiftError, ValueError):
         f'reserving {what}). Each child scope, and each variable within a '
         'collection, needs a unique name per scope. Fix: choose another name, '
         'or pass `reuse=True` to `push` to get the existing child back.')
-    self.name, self.path = name, tuple(path)
+    self.name, self.path = name, path
 
 
 class InvalidFilterError(LiftError, TypeError):
@@ -150,7 +151,7 @@ class UnmappedCollectionError(LiftError):
         'transform a rule for them (for vmap/scan add them to `variable_axes`, '
         '`variable_broadcast` or `variable_carry`; for other transforms include '
         'them in `variables`), or make them immutable in `apply`.')
-    self.collections, self.path = tuple(sorted(cols)), tuple(path)
+    self.collections, self.path = tuple(sorted(cols)), path
 
 
 class InvalidVariablesError(LiftError, TypeError):
@@ -159,3 +160,23 @@ class InvalidVariablesError(LiftError, TypeError):
 
 class InvalidRngsError(LiftError, TypeError):
   """The `rngs` argument is not a PRNG key or a dict of named PRNG keys."""
+
+
+class RematPolicyError(LiftError, ValueError):
+  """A loop's `remat=` value or a `ScanCheckpointPolicy` field is not valid.
+
+  Also raised when a nested policy asks for more outer blocks than the loop has
+  steps.
+  """
+
+
+class ScanAxisError(LiftError, ValueError):
+  """The `axis` of a `lift.loops` scan, fold or map cannot be used."""
+
+
+class ScanLengthError(LiftError, ValueError):
+  """The inputs of a loop disagree on the number of steps, or give none."""
+
+
+class ScanTapsError(LiftError, ValueError):
+  """A `lift.loops.scan_taps` sequence, output or `fn` result breaks the taps rules."""

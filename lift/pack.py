@@ -140,7 +140,7 @@ def repack(lifted: LiftedScopes, spec: PackSpec, inner_tree: Any) -> VariableGro
                if inner.is_mutable_collection(col)}
     *groups, rest = group_collections(mutable, spec.out_filters + (True,))
     if rest:
-      raise errors.UnmappedCollectionError(rest, spec.name, inner.path)
+      raise errors.UnmappedCollectionError(rest, spec.name, inner.path_text)
     inner.invalidate()
     per_root.append(tuple(groups))
   return _transpose(per_root, spec.out_filters)

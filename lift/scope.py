@@ -123,7 +123,7 @@ class Scope:
 
   def _check_valid(self):
     if self.invalid:
-      raise errors.InvalidScopeError(self.path)
+      raise errors.InvalidScopeError(self.path_text)
 
   def rewound(self, rewind_rngs: bool = False) -> 'Scope':
     """A copy with no name reservations (and, optionally, rng counters reset)."""
@@ -146,7 +146,7 @@ class Scope:
     if not isinstance(name, str):
       raise TypeError(f'Scope names must be strings, got {name!r} at "{self.path_text}".')
     if self.name_reserved(name, col):
-      raise errors.NameInUseError(name, self.path, col)
+      raise errors.NameInUseError(name, self.path_text, col)
     self.reservations[name].add(col)
 
   def default_name(self, prefix: str) -> str:
@@ -223,7 +223,7 @@ class Scope:
     """Writes a variable; the collection must be mutable."""
     self._check_valid()
     if not self.is_mutable_collection(col):
-      raise errors.ImmutableCollectionError(col, name, self.path)
+      raise errors.ImmutableCollectionError(col, name, self.path_text)
     self._mutable_collection(col)[name] = value
 
   def variable(self, col: str, name: str, init_fn: Callable[..., T] | None = None,
@@ -233,8 +233,8 @@ class Scope:
     if not self.has_variable(col, name):
       if init_fn is None or not self.is_mutable_collection(col):
         if self.is_collection_empty(col) and not self.is_mutable_collection(col):
-          raise errors.MissingCollectionError(col, name, self.path)
-        raise errors.MissingVariableError(col, name, self.path)
+          raise errors.MissingCollectionError(col, name, self.path_text)
+        raise errors.MissingVariableError(col, name, self.path_text)
       self.put_variable(col, name, init_fn(*init_args, **init_kwargs))
     return Variable(self, col, name, unbox=unbox)
 
@@ -251,8 +251,8 @@ class Scope:
     else:
       if not self.is_mutable_collection('params'):
         if self.is_collection_empty('params'):
-          raise errors.MissingCollectionError('params', name, self.path)
-        raise errors.MissingParamError(name, self.path)
+          raise errors.MissingCollectionError('params', name, self.path_text)
+        raise errors.MissingParamError(name, self.path_text)
       value = init_fn(self.make_rng('params'), *init_args, **init_kwargs)
       self.put_variable('params', name, value)
     return meta.unbox(value) if unbox else value
@@ -262,7 +262,7 @@ class Scope:
     for have, want in zip(jax.tree_util.tree_leaves(meta.unbox(value)),
                           jax.tree_util.tree_leaves(meta.unbox(expected))):
       if np.shape(have) != np.shape(want):
-        raise errors.ParamShapeError(name, self.path, np.shape(have), np.shape(want))
+        raise errors.ParamShapeError(name, self.path_text, np.shape(have), np.shape(want))
 
   def variables(self) -> dict[str, Any]:
     """The variables under this scope, ``{collection: {name: value}}``."""
@@ -285,7 +285,7 @@ class Scope:
     self._check_valid()
     if not self.has_rng(name):
       if not self.has_rng('params'):
-        raise errors.UnknownRngError(name, self.path, self.rngs)
+        raise errors.UnknownRngError(name, self.path_text, self.rngs)
       name = 'params'
     return self.rngs[name].draw(self.rng_counters.next(name))
 
