@@ -6,7 +6,7 @@
 ...   return x @ kernel
 >>> y, variables = lift.init(dense)(jax.random.key(0), jax.numpy.ones((2, 3)), 4)
 """
-from lift import errors
+from lift import _compat, errors
 from lift.errors import InvalidScopeError, LiftError, ScanConversionError
 from lift.filters import (CollectionFilter, DenyList, Filter, PRNGSequenceFilter,
                           group_collections, in_filter, intersect_filters,
@@ -15,3 +15,5 @@ from lift.functional import apply, bind, init
 from lift.pack import pack
 from lift.rng import RngStream
 from lift.scope import Scope, Variable
+
+_compat.hide_from_tracebacks(__file__)
