@@ -1,0 +1,82 @@
+"""The loop engine: the one `lax.scan` entry point of the project, owner of the remat policies.
+
+Every loop (curried scan/fold/map, taps, the lifted scan, layer stacks) calls
+`run_scan`, so a checkpoint policy means the same thing everywhere.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax import lax
+
+from lift.errors import ScanLengthError
+from lift.loops import _messages
+from lift.loops.nested import nested_scan, plan_blocks
+from lift.loops.policies import Remat, checkpoint_step, on_this_backend, resolve_remat
+
+
+def scan_length(xs: Any, length: int | None = None) -> int:
+  """The number of steps of a scan over `xs` (leading axis of every leaf).
+
+  Raises:
+    ScanLengthError: leaves disagree, a leaf is a scalar, `length` disagrees
+      with them, or there are no leaves and no `length`.
+
+  >>> import jax.numpy as jnp
+  >>> scan_length({"a": jnp.zeros((3, 2)), "b": jnp.zeros(3)})
+  3
+  """
+  sizes = {}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(xs):
+    shape = np.shape(leaf)
+    if not shape:
+      raise ScanLengthError(_messages.XS_SCALAR.format(path=jax.tree_util.keystr(path)))
+    sizes[jax.tree_util.keystr(path)] = shape[0]
+  if len(set(sizes.values())) > 1:
+    detail = ", ".join(f"xs{path}: {size}" for path, size in sizes.items())
+    raise ScanLengthError(_messages.XS_LENGTHS.format(sizes=detail))
+  if not sizes:
+    if length is None:
+      raise ScanLengthError(_messages.NO_LENGTH)
+    return int(length)
+  path, size = next(iter(sizes.items()))
+  if length is not None and length != size:
+    raise ScanLengthError(_messages.LENGTH_MISMATCH.format(
+        length=length, size=size, path=f"xs{path}"))
+  return size
+
+
+def run_scan(body: Callable[[Any, Any], tuple[Any, Any]], init: Any, xs: Any, *,
+             length: int | None = None, reverse: bool = False,
+             unroll: int | bool = 1, remat: Remat = False) -> tuple[Any, Any]:
+  """`jax.lax.scan(body, init, xs, length, reverse, unroll)` under a checkpoint policy.
+
+  Same semantics as `lax.scan`: every leaf of `xs` is scanned along axis 0,
+  `xs=None` needs `length`, and the result is `(final_carry, stacked_ys)`.
+  `remat` is anything `resolve_remat` accepts (an already resolved
+  `ScanCheckpointPolicy` included); values and gradients do not depend on it,
+  only what is kept for the backward pass does.
+
+  Raises:
+    RematPolicyError: bad `remat`, or more nested blocks than steps.
+    ScanLengthError: `xs` leaves or `length` disagree on the number of steps.
+
+  >>> import jax.numpy as jnp
+  >>> body = lambda c, x: (c + x, c)
+  >>> carry, ys = run_scan(body, 0.0, jnp.arange(4.0), remat="nested")
+  >>> float(carry), ys.tolist()
+  (6.0, [0.0, 0.0, 1.0, 3.0])
+  """
+  policy = resolve_remat(remat)
+  steps = scan_length(xs, length)
+  if policy is None:
+    return lax.scan(body, init, xs, length=steps, reverse=reverse, unroll=unroll)
+  policy = on_this_backend(policy)
+  step = checkpoint_step(body, policy)
+  if policy.nested and steps:
+    plan = plan_blocks(steps, policy.nested)
+    return nested_scan(step, init, xs, plan, policy, reverse=reverse, unroll=unroll)
+  return lax.scan(step, init, xs, length=steps, reverse=reverse, unroll=unroll)

@@ -1,0 +1,193 @@
+"""The loop engine: every checkpoint policy computes lax.scan's values and gradients; what each keeps."""
+import math
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lift import loops
+from lift.loops import ScanCheckpointPolicy, policies
+
+POLICIES = [
+    True, "full", "nested", "save_all", "offload",
+    ScanCheckpointPolicy(nested=5),
+    ScanCheckpointPolicy(nested=1),
+    ScanCheckpointPolicy(save_block_internals=["h"]),
+    ScanCheckpointPolicy(save_block_internals=["h"], nested=True),
+    ScanCheckpointPolicy(offload_block_internals=["h"], save_carries="offload"),
+    ScanCheckpointPolicy(save_block_internals=True, offload_block_internals=["h"]),
+    ScanCheckpointPolicy(prevent_cse=True),
+]
+
+CARRY, FEATURES = 5, 4
+
+
+def body(carry, x):
+  h = loops.checkpoint_name(jnp.sin(carry) * jnp.sum(x), "h")
+  return jnp.cos(h) + carry, h * 2.0
+
+
+def python_scan(f, init, xs, reverse=False):
+  """The oracle: lax.scan written as a Python loop."""
+  carry, ys = init, [None] * xs.shape[0]
+  order = range(xs.shape[0] - 1, -1, -1) if reverse else range(xs.shape[0])
+  for t in order:
+    carry, ys[t] = f(carry, xs[t])
+  return carry, jnp.stack(ys)
+
+
+def loss(init, xs, remat, reverse=False, unroll=1):
+  carry, ys = loops.run_scan(body, init, xs, remat=remat, reverse=reverse, unroll=unroll)
+  return jnp.sum(carry ** 2) + jnp.sum(jnp.tanh(ys))
+
+
+def inputs(steps):
+  init = jnp.linspace(-1.0, 1.0, CARRY)
+  xs = jnp.linspace(-0.5, 0.5, steps * FEATURES).reshape(steps, FEATURES)
+  return init, xs
+
+
+def residual_shapes(f, *args):
+  """Shapes of what `f`'s backward pass keeps: the leaves of its vjp function."""
+  _, vjp = jax.vjp(f, *args)
+  return [leaf.shape for leaf in jax.tree.leaves(vjp)]
+
+
+def carry_rows(shapes, steps):
+  """Rows of saved carries: residuals shaped (..., CARRY) that are not (steps, CARRY) ys."""
+  return sum(math.prod(shape[:-1]) for shape in shapes if shape[-1:] == (CARRY,))
+
+
+@pytest.fixture(autouse=True)
+def _quiet_offload_fallback():
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", loops.OffloadFallbackWarning)
+    yield
+
+
+@pytest.mark.parametrize("remat", POLICIES, ids=str)
+@pytest.mark.parametrize("reverse", [False, True])
+def test_every_policy_matches_no_remat(remat, reverse):
+  init, xs = inputs(13)
+  want = jax.value_and_grad(loss, (0, 1))(init, xs, False, reverse)
+  got = jax.value_and_grad(loss, (0, 1))(init, xs, remat, reverse, 2)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("remat", [False, True, "nested"])
+def test_run_scan_is_lax_scan_is_python_loop(remat):
+  init, xs = inputs(7)
+  got = loops.run_scan(body, init, xs, remat=remat, reverse=True)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(python_scan(body, init, xs, True))):
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+@pytest.mark.parametrize("remat", [False, True, ScanCheckpointPolicy(nested=2)])
+def test_xs_none_with_length(remat):
+  count = lambda c, _: (c + 1.0, c)
+  carry, ys = loops.run_scan(count, jnp.float32(0.0), None, length=5, remat=remat)
+  assert float(carry) == 5.0 and ys.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_zero_steps():
+  init, xs = inputs(0)
+  carry, ys = loops.run_scan(body, init, xs, remat="nested")
+  np.testing.assert_array_equal(carry, init)
+  assert ys.shape == (0, CARRY)
+
+
+def test_fold_jit_and_grad_under_nested():
+  init, xs = inputs(12)
+  fold = loops.fold(lambda c, x: body(c, x)[0], remat="nested")
+  f = jax.jit(jax.grad(lambda i: jnp.sum(fold(i, xs))))
+  want = jax.grad(lambda i: jnp.sum(python_scan(body, i, xs)[0]))(init)
+  np.testing.assert_allclose(f(init), want, rtol=1e-5)
+
+
+def test_full_remat_keeps_only_carries_and_inputs():
+  init, xs = inputs(12)
+  final = lambda remat: lambda i, x: jnp.sum(loops.run_scan(body, i, x, remat=remat)[0])
+  assert sorted(residual_shapes(final(True), init, xs)) == [(12, FEATURES), (12, CARRY)]
+  assert len(residual_shapes(final(False), init, xs)) > 2
+  assert len(residual_shapes(final("save_all"), init, xs)) == len(
+      residual_shapes(final(False), init, xs))
+
+
+def test_saved_internals_are_kept_by_name():
+  init, xs = inputs(12)
+  final = lambda remat: lambda i, x: jnp.sum(loops.run_scan(body, i, x, remat=remat)[0])
+  shapes = residual_shapes(final(ScanCheckpointPolicy(save_block_internals=["h"])), init, xs)
+  assert sorted(shapes) == [(12, FEATURES), (12, CARRY), (12, CARRY)]
+  unknown = ScanCheckpointPolicy(save_block_internals=["not_a_name"])
+  assert sorted(residual_shapes(final(unknown), init, xs)) == [(12, FEATURES), (12, CARRY)]
+
+
+def test_nested_keeps_outer_carries_only():
+  init, xs = inputs(12)
+  final = lambda i, x: jnp.sum(loops.run_scan(body, i, x, remat="nested")[0])
+  shapes = residual_shapes(final, init, xs)
+  assert (3, CARRY) in shapes and (12, CARRY) not in shapes
+
+
+@pytest.mark.parametrize("steps,remat", [(13, "nested"), (13, ScanCheckpointPolicy(nested=5)),
+                                          (64, "nested"), (61, "nested")])
+def test_nested_saves_fewer_carries_for_any_length(steps, remat):
+  init, xs = inputs(steps)
+  final = lambda i, x: jnp.sum(loops.run_scan(body, i, x, remat=remat)[0])
+  rows = carry_rows(residual_shapes(final, init, xs), steps)
+  assert rows <= 3 * math.isqrt(steps) + 3 if remat == "nested" else rows < steps
+
+
+def test_plan_blocks_covers_every_step_with_sqrt_carries():
+  for steps in range(1, 300):
+    plan = loops.plan_blocks(steps, True)
+    assert plan.blocks * plan.block_length + plan.remainder == steps
+    assert plan.remainder < plan.blocks
+    assert plan.saved_carries <= 3 * math.sqrt(steps) + 1
+  assert loops.plan_blocks(13, True) == loops.BlockPlan(3, 4, 1)
+  assert loops.plan_blocks(12, True) == loops.BlockPlan(3, 4, 0)
+  assert loops.plan_blocks(13, 5) == loops.BlockPlan(5, 2, 3)
+
+
+def test_offload_falls_back_to_device_on_cpu():
+  init, xs = inputs(12)
+  final = lambda remat: lambda i, x: jnp.sum(loops.run_scan(body, i, x, remat=remat)[0])
+  with pytest.warns(loops.OffloadFallbackWarning, match="kept on device"):
+    shapes = residual_shapes(final("offload"), init, xs)
+  assert sorted(shapes) == sorted(residual_shapes(final(True), init, xs))
+
+
+def test_offload_policy_places_roots_in_host_memory(monkeypatch):
+  # The path taken on GPU/TPU; JAX traces it on CPU too, with host-labelled residuals.
+  monkeypatch.setattr(policies, "offload_supported", lambda: True)
+  init, xs = inputs(12)
+  remat = ScanCheckpointPolicy(save_carries="offload", nested=True)
+  final = lambda i, x: jnp.sum(loops.run_scan(body, i, x, remat=remat)[0])
+  _, vjp = jax.vjp(final, init, xs)
+  kinds = {leaf.shape: leaf.sharding.memory_kind for leaf in jax.tree.leaves(vjp)}
+  assert kinds[(3, CARRY)] == "pinned_host"
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    got = jax.grad(final)(init, xs)
+  want = jax.grad(lambda i: jnp.sum(python_scan(body, i, xs)[0]))(init)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_resolve_remat_aliases():
+  assert loops.resolve_remat(False) is None
+  assert loops.resolve_remat(True) == loops.resolve_remat("full") == ScanCheckpointPolicy()
+  assert loops.resolve_remat("nested").nested is True
+  assert loops.resolve_remat("offload").save_carries == "offload"
+  assert loops.resolve_remat("save_all").save_block_internals is True
+  policy = ScanCheckpointPolicy(nested=3)
+  assert loops.resolve_remat(policy) is policy
+
+
+def test_checkpoint_name_tags_array_leaves_only():
+  tree = {"a": jnp.ones(2), "n": 3, "s": "static"}
+  named = jax.make_jaxpr(lambda a: loops.checkpoint_name(dict(tree, a=a), "z")["a"])(tree["a"])
+  assert str(named).count("name=z") == 1
+  assert loops.checkpoint_name(tree, "z")["s"] == "static"
