@@ -180,3 +180,23 @@ class ScanLengthError(LiftError, ValueError):
 
 class ScanTapsError(LiftError, ValueError):
   """A `lift.loops.scan_taps` sequence, output or `fn` result breaks the taps rules."""
+
+
+class AxisSizeError(LiftError, ValueError):
+  """A lifted vmap or scan cannot tell the size of its mapped axis.
+
+  The mapped arguments and variables disagree, disagree with `axis_size` /
+  `length`, or nothing is mapped and no size was given.
+  """
+
+
+class InvalidAxisError(LiftError, ValueError):
+  """An axis argument of a lifted transform (`variable_axes`, `in_axes`,
+  `out_axes`, `split_rngs`, specs) is malformed or does not fit the values it
+  applies to."""
+
+
+class LoopInvariantError(LiftError, ValueError):
+  """A value that a lifted scan treats as loop-invariant (a broadcast variable
+  or an output with `out_axes=broadcast`) depends on the carry or on the
+  scanned inputs."""
