@@ -200,3 +200,34 @@ class LoopInvariantError(LiftError, ValueError):
   """A value that a lifted scan treats as loop-invariant (a broadcast variable
   or an output with `out_axes=broadcast`) depends on the carry or on the
   scanned inputs."""
+
+
+class ArgnumsError(LiftError, ValueError):
+  """An entry of `static_argnums`, `static_argnames`, `donate_argnums` or
+  `nondiff_argnums` of a lifted transform is not a valid index or name."""
+
+
+class TransformArgumentError(LiftError, TypeError):
+  """An argument of a lifted `checkpoint`, `jit`, `map_variables`, `cond`,
+  `switch`, `while_loop`, `vjp`, `jvp`, `value_and_grad` or `custom_vjp` has the
+  wrong type or value."""
+
+
+class JitArgumentError(LiftError, TypeError):
+  """A call of a lifted `jit` passes a value it cannot trace or cache: a
+  non-array argument not marked static, or an unhashable static value."""
+
+
+class RngReplayError(LiftError):
+  """A `lift.jit` function drew different rng keys in two traces of the same
+  structure (its Python code decides draws on something outside the cache key)."""
+
+
+class BranchVariablesError(LiftError, ValueError):
+  """The branches of a lifted `cond` or `switch` create or update different
+  variables (names, shapes or dtypes)."""
+
+
+class LoopVariablesError(LiftError, ValueError):
+  """The body of a lifted `while_loop` creates carry variables or changes their
+  shapes or dtypes."""
