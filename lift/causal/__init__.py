@@ -1,0 +1,15 @@
+"""Causal functions as scans: `as_scan`, its rules, and causal composites.
+
+`as_scan(g, example_xs)` interprets `g`'s jaxpr with one rule per primitive
+(see `notes/0005-as-scan.md`); `custom_causal` marks a composite as causal
+and lets its author give the step form.
+"""
+from lift.causal import rules_control as _rules_control
+from lift.causal import rules_elementwise as _rules_elementwise
+from lift.causal import rules_shape as _rules_shape
+from lift.causal import rules_time as _rules_time
+from lift.causal.api import Prefilled, ScanCarry, as_scan, as_scan_with_prefill
+from lift.causal.interpreter import (
+    Eqn, NotCausal, Operand, ScanRule, StepForm, Stream, register_scan_rule)
+
+del _rules_control, _rules_elementwise, _rules_shape, _rules_time

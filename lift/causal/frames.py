@@ -1,0 +1,69 @@
+"""Elements of values along the scan axis: step slices, prefixes, delays.
+
+A delay line holds the last `delay` elements of a stream in a ring: element
+`e` lives in slot `e % delay`, so one step reads element `e` and writes
+element `e + delay` into the same slot, touching one frame only.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+
+def step_slice(value: Any, axis: int, index: jax.Array) -> jax.Array:
+  """Element `index` of an unscanned `value` along `axis`.
+
+  A size-1 axis broadcasts: its only element serves every step.
+  """
+  if np.shape(value)[axis] == 1:
+    return lax.index_in_dim(value, 0, axis, keepdims=False)
+  return lax.dynamic_index_in_dim(value, index, axis, keepdims=False)
+
+
+def prefix_slice(value: Any, axis: int, length: int) -> jax.Array:
+  """Elements `[0, length)` of an unscanned `value` along `axis`."""
+  if np.shape(value)[axis] == 1:
+    return value
+  return lax.slice_in_dim(value, 0, length, axis=axis)
+
+
+def empty_prefix(aval: Any, axis: int) -> np.ndarray:
+  """A prefix of no elements: `aval`'s shape with length 0 along `axis`."""
+  shape = list(aval.shape)
+  shape[axis] = 0
+  return np.zeros(shape, aval.dtype)
+
+
+def window(prefix: Any, axis: int, start: int, count: int) -> jax.Array:
+  """Elements `[start, start + count)` of a prefix, stacked on axis 0.
+
+  Elements before 0 (padding before the sequence) are zeros.
+  """
+  frames = jnp.moveaxis(prefix, axis, 0)
+  kept = frames[max(start, 0):start + count]
+  missing = count - kept.shape[0]
+  if missing:
+    zeros = jnp.zeros((missing, *frames.shape[1:]), frames.dtype)
+    kept = jnp.concatenate([zeros, kept])
+  return kept
+
+
+def delay_prefill(prefix: Any, axis: int, start: int, delay: int):
+  """A delay line holding elements `[start, start + delay)` of a stream."""
+  return jnp.roll(window(prefix, axis, start, delay), start % delay, axis=0)
+
+
+def delay_step(buffer: jax.Array, index: jax.Array, frame: jax.Array):
+  """Reads element `index` and stores `frame`, element `index + delay`."""
+  slot = jnp.remainder(index, buffer.shape[0])
+  out = lax.dynamic_index_in_dim(buffer, slot, 0, keepdims=False)
+  return lax.dynamic_update_index_in_dim(buffer, frame, slot, 0), out
+
+
+def shift_in(buffer: jax.Array, frame: jax.Array) -> jax.Array:
+  """`buffer` (oldest element first) followed by `frame`, one longer."""
+  return jnp.concatenate([buffer, frame[None]], axis=0)

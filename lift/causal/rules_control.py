@@ -1,0 +1,195 @@
+"""Rules for call-like primitives and `scan`: recursion into inner jaxprs."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from jax import lax
+
+from lift import _compat
+from lift.causal import frames
+from lift.causal import interpreter
+from lift.causal.interpreter import (
+    Eqn, NotCausal, StepForm, Stream, register_scan_rule)
+
+FINAL_CARRY = (
+    "the final carry of the scan over time at {where} depends on the whole "
+    "sequence; only the scan's stacked outputs can be computed step by step."
+)
+SCAN_BACKWARDS = (
+    "the scan runs in reverse over the scan axis, so element t of its output "
+    "depends on the elements after t (anti-causal)."
+)
+SCAN_CLOSES_OVER_TIME = (
+    "the scan runs along the scan axis but operand {index} (a constant or "
+    "initial carry of the scan) varies along time too; pass it to the scan "
+    "as part of xs instead."
+)
+SCAN_MIXED_AXES = (
+    "the scan runs along the scan axis for some xs but xs {index} varies "
+    "along axis {axis}; put the time axis of every xs at axis 0."
+)
+CARRY_AXIS = (
+    "carry {index} enters the loop as {before} and leaves it as {after}; "
+    "the scan axis of a carry must stay where it is across iterations."
+)
+
+
+def _jaxpr_and_consts(closed) -> tuple[Any, Sequence[Any]]:
+  if isinstance(closed, _compat.ClosedJaxpr):
+    return closed.jaxpr, closed.consts
+  return closed, ()
+
+
+def program_form(eqn: Eqn, program: interpreter.Program) -> StepForm:
+  """The step form of a converted inner jaxpr run once per element."""
+
+  def step(states, index, args):
+    return interpreter.run_step(program, states, index - eqn.offset, args)
+
+  def prefill(args):
+    return interpreter.run_prefill(program, args)
+
+  return StepForm(program.out_infos, step, prefill)
+
+
+def call_rule(param: str):
+  """A rule for a call-like primitive whose jaxpr is `params[param]`."""
+
+  def rule(eqn: Eqn, **params) -> StepForm:
+    jaxpr, consts = _jaxpr_and_consts(params[param])
+    program = interpreter.convert(
+        jaxpr, consts, [op.stream for op in eqn.operands],
+        [op.known for op in eqn.operands])
+    return program_form(eqn, program)
+
+  return rule
+
+
+def scan_rule(eqn: Eqn, *, jaxpr, num_consts, num_carry, **params):
+  """`scan` along time steps once per element; other scans run whole."""
+  xs = eqn.operands[num_consts + num_carry:]
+  if any(op.axis == 0 for op in xs):
+    return _scan_along_time(eqn, jaxpr, num_consts, num_carry, **params)
+  return _scan_per_element(eqn, jaxpr, num_consts, num_carry, **params)
+
+
+def _split(values, num_consts, num_carry):
+  return (list(values[:num_consts]),
+          list(values[num_consts:num_consts + num_carry]),
+          list(values[num_consts + num_carry:]))
+
+
+def _scan_along_time(eqn: Eqn, jaxpr, num_consts, num_carry, *, reverse,
+                     **params) -> StepForm:
+  if reverse:
+    raise eqn.error(SCAN_BACKWARDS)
+  for index, op in enumerate(eqn.operands):
+    if op.stream is not None and index < num_consts + num_carry:
+      raise eqn.error(SCAN_CLOSES_OVER_TIME.format(index=index))
+    if op.stream is not None and op.axis != 0:
+      raise eqn.error(SCAN_MIXED_AXES.format(index=index, axis=op.axis))
+  body = _compat.jaxpr_as_fun(jaxpr)
+  final = NotCausal(FINAL_CARRY.format(where=eqn.where))
+  xs_ops = _split(eqn.operands, num_consts, num_carry)[2]
+
+  def step(carry, index, args):
+    consts, _, xs = _split(args, num_consts, num_carry)
+    xs = [x if op.stream is not None else frames.step_slice(x, 0, index)
+          for op, x in zip(xs_ops, xs)]
+    outs = body(*consts, *carry, *xs)
+    return tuple(outs[:num_carry]), [None] * num_carry + list(outs[num_carry:])
+
+  def prefill(args):
+    consts, carry, xs = _split(args, num_consts, num_carry)
+    xs = [x if op.stream is not None else frames.prefix_slice(x, 0, eqn.offset)
+          for op, x in zip(xs_ops, xs)]
+
+    def scan_body(c, x):
+      outs = body(*consts, *c, *x)
+      return tuple(outs[:num_carry]), outs[num_carry:]
+
+    carry, ys = lax.scan(scan_body, tuple(carry), xs, length=eqn.offset)
+    return carry, [None] * num_carry + list(ys)
+
+  outs = [final] * num_carry + [eqn.stream(0)] * (len(eqn.out_avals) -
+                                                   num_carry)
+  return StepForm(tuple(outs), step, prefill)
+
+
+def _carry_infos(eqn: Eqn, jaxpr, num_consts, num_carry):
+  """Carry infos at their fixed point: a carry the body makes a stream is a
+  stream from the start (its unscanned initial value is indexed per step)."""
+  consts, carry, xs = _split(eqn.operands, num_consts, num_carry)
+  infos = [op.stream for op in carry]
+  for _ in range(2):
+    in_infos = ([op.stream for op in consts] + infos +
+                [None if op.stream is None else Stream(op.axis - 1, eqn.offset)
+                 for op in xs])
+    known = [op.known for op in consts] + [None] * (len(carry) + len(xs))
+    program = interpreter.convert(
+        jaxpr.jaxpr, jaxpr.consts, in_infos, known,
+        [None if i is None else i.offset for i in infos] + [None] * (
+            len(jaxpr.jaxpr.outvars) - num_carry))
+    after = list(program.out_infos[:num_carry])
+    if after == infos:
+      return infos, program
+    infos = [a if b is None and isinstance(a, Stream) else b
+             for a, b in zip(after, infos)]
+  index = next(i for i, (a, b) in enumerate(zip(after, infos)) if a != b)
+  raise eqn.error(CARRY_AXIS.format(index=index, before=infos[index],
+                                    after=after[index]))
+
+
+def _scan_per_element(eqn: Eqn, jaxpr, num_consts, num_carry, *, length,
+                      reverse, unroll, **params) -> StepForm:
+  del params
+  infos, program = _carry_infos(eqn, jaxpr, num_consts, num_carry)
+  carry_ops = _split(eqn.operands, num_consts, num_carry)[1]
+  promoted = [op.stream is None and info is not None
+              for op, info in zip(carry_ops, infos)]
+
+  def step(states, index, args):
+    consts, carry, xs = _split(args, num_consts, num_carry)
+    carry = [frames.step_slice(c, info.axis, index) if p else c
+             for c, info, p in zip(carry, infos, promoted)]
+    t = index - eqn.offset
+
+    def body(c, x_and_state):
+      x, state = x_and_state
+      state, outs = interpreter.run_step(program, state, t, consts + c + x)
+      return outs[:num_carry], (outs[num_carry:], state)
+
+    carry, (ys, states) = lax.scan(body, carry, (xs, states), length=length,
+                                   reverse=reverse, unroll=unroll)
+    return states, list(carry) + list(ys)
+
+  def prefill(args):
+    consts, carry, xs = _split(args, num_consts, num_carry)
+    carry = [frames.prefix_slice(c, info.axis, eqn.offset) if p else c
+             for c, info, p in zip(carry, infos, promoted)]
+
+    def body(c, x):
+      states, outs = interpreter.run_prefill(program, consts + c + x)
+      return outs[:num_carry], (outs[num_carry:], states)
+
+    carry, (ys, states) = lax.scan(body, carry, xs, length=length,
+                                   reverse=reverse)
+    return states, list(carry) + list(ys)
+
+  ys = [info if not isinstance(info, Stream) else Stream(info.axis + 1,
+                                                         info.offset)
+        for info in program.out_infos[num_carry:]]
+  return StepForm(tuple(infos) + tuple(ys), step, prefill)
+
+
+def _register_all() -> None:
+  prims = _compat.scan_primitives
+  register_scan_rule(prims.scan_p, scan_rule)
+  register_scan_rule(prims.jit_p, call_rule("jaxpr"))
+  register_scan_rule(prims.closed_call_p, call_rule("call_jaxpr"))
+  register_scan_rule(prims.remat_p, call_rule("jaxpr"))
+  register_scan_rule(prims.custom_jvp_call_p, call_rule("call_jaxpr"))
+  register_scan_rule(prims.custom_vjp_call_p, call_rule("call_jaxpr"))
+
+
+_register_all()

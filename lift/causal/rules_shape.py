@@ -1,0 +1,120 @@
+"""Rules for primitives that move, add or remove axes other than time."""
+from __future__ import annotations
+
+import math
+
+from lift import _compat
+from lift.causal import forms
+from lift.causal.interpreter import Eqn, StepForm, register_scan_rule
+
+BROADCAST_TIME = (
+    "it broadcasts {length} element(s) along the scan axis to {want}; a "
+    "stream cannot be broadcast along time."
+)
+MERGES_TIME = (
+    "it reshapes {shape} (scan axis {axis}) to {new}, merging or splitting "
+    "the scan axis with others. Keep the scan axis a separate axis, e.g. "
+    "reshape only the trailing axes."
+)
+SQUEEZES_TIME = (
+    "it removes the scan axis {axis} (a sequence of length 1); the result "
+    "no longer varies along time."
+)
+REVERSES_TIME = (
+    "it reverses the scan axis {axis} (e.g. xs[::-1]); element t of the "
+    "result depends on the last elements of the sequence (anti-causal)."
+)
+
+
+def broadcast_in_dim_rule(eqn: Eqn, *, shape, broadcast_dimensions,
+                          **params) -> StepForm:
+  """Broadcasts the step value; the scan axis moves to its new position."""
+  axis = eqn.operands[0].axis
+  out_axis = broadcast_dimensions[axis]
+  length = eqn.operands[0].aval.shape[axis]
+  if length != shape[out_axis]:
+    raise eqn.error(BROADCAST_TIME.format(length=length, want=shape[out_axis]))
+  step_shape = forms.drop_entry(shape, out_axis)
+  step_dims = forms.drop_dim(
+      forms.drop_entry(broadcast_dimensions, axis), out_axis)
+
+  def fn(index, args):
+    return forms.bind(eqn, args[:1], params, shape=step_shape,
+                      broadcast_dimensions=step_dims)
+
+  return forms.stateless(eqn, [eqn.stream(out_axis)], fn)
+
+
+def reshape_axis(shape, axis: int, new_sizes) -> int | None:
+  """Where axis `axis` of `shape` lands in `new_sizes`, if it stays whole."""
+  before = math.prod(shape[:axis])
+  for out_axis, size in enumerate(new_sizes):
+    if size == shape[axis] and math.prod(new_sizes[:out_axis]) == before:
+      return out_axis
+  return None
+
+
+def reshape_rule(eqn: Eqn, *, new_sizes, dimensions, **params) -> StepForm:
+  """Reshapes the step value when the scan axis stays a whole axis."""
+  operand = eqn.operands[0]
+  out_axis = reshape_axis(operand.aval.shape, operand.axis, new_sizes)
+  if out_axis is None or dimensions is not None:
+    raise eqn.error(MERGES_TIME.format(
+        shape=operand.aval.shape, axis=operand.axis, new=tuple(new_sizes)))
+  step_sizes = forms.drop_entry(new_sizes, out_axis)
+
+  def fn(index, args):
+    return forms.bind(eqn, args[:1], params, new_sizes=step_sizes,
+                      dimensions=None)
+
+  return forms.stateless(eqn, [eqn.stream(out_axis)], fn)
+
+
+def squeeze_rule(eqn: Eqn, *, dimensions, **params) -> StepForm:
+  """Squeezes axes other than the scan axis."""
+  axis = eqn.operands[0].axis
+  if axis in dimensions:
+    raise eqn.error(SQUEEZES_TIME.format(axis=axis))
+  step_dims = forms.drop_dim(dimensions, axis)
+
+  def fn(index, args):
+    return forms.bind(eqn, args, params, dimensions=step_dims)
+
+  out_axis = axis - sum(d < axis for d in dimensions)
+  return forms.stateless(eqn, [eqn.stream(out_axis)], fn)
+
+
+def transpose_rule(eqn: Eqn, *, permutation, **params) -> StepForm:
+  """Transposes the step value; the scan axis moves with the permutation."""
+  axis = eqn.operands[0].axis
+  step_perm = forms.drop_dim(permutation, axis)
+
+  def fn(index, args):
+    return forms.bind(eqn, args, params, permutation=step_perm)
+
+  return forms.stateless(eqn, [eqn.stream(permutation.index(axis))], fn)
+
+
+def rev_rule(eqn: Eqn, *, dimensions, **params) -> StepForm:
+  """Reverses axes other than the scan axis."""
+  axis = eqn.operands[0].axis
+  if axis in dimensions:
+    raise eqn.error(REVERSES_TIME.format(axis=axis))
+  step_dims = forms.drop_dim(dimensions, axis)
+
+  def fn(index, args):
+    return forms.bind(eqn, args, params, dimensions=step_dims)
+
+  return forms.stateless(eqn, [eqn.stream(axis)], fn)
+
+
+def _register_all() -> None:
+  prims = _compat.scan_primitives
+  register_scan_rule(prims.broadcast_in_dim_p, broadcast_in_dim_rule)
+  register_scan_rule(prims.reshape_p, reshape_rule)
+  register_scan_rule(prims.squeeze_p, squeeze_rule)
+  register_scan_rule(prims.transpose_p, transpose_rule)
+  register_scan_rule(prims.rev_p, rev_rule)
+
+
+_register_all()
