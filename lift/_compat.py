@@ -13,3 +13,63 @@ from jax._src import traceback_util as _traceback_util
 def hide_from_tracebacks(package_file: str) -> None:
   """Hides a package's frames from user tracebacks, as JAX does for its own."""
   _traceback_util.register_exclusion(_os.path.dirname(package_file))
+
+
+# --- as_scan (lift.causal): jaxpr types, primitives, custom-primitive hooks.
+from jax import lax as _lax
+import jax.core as _jax_core
+import jax.extend.core as _jex_core
+from jax.extend.core import primitives as scan_primitives  # noqa: F401
+from jax.interpreters import ad as _ad
+from jax.interpreters import batching as _batching
+from jax.interpreters import mlir as _mlir
+from jax._src import source_info_util as _source_info_util
+from jax._src.interpreters import partial_eval as _pe
+
+Primitive = _jex_core.Primitive
+ClosedJaxpr = _jex_core.ClosedJaxpr
+Jaxpr = _jex_core.Jaxpr
+JaxprEqn = _jex_core.JaxprEqn
+Literal = _jex_core.Literal
+Var = _jex_core.Var
+DropVar = _jex_core.DropVar
+Tracer = _jax_core.Tracer
+jaxpr_as_fun = _jex_core.jaxpr_as_fun
+convert_constvars_jaxpr = _pe.convert_constvars_jaxpr
+split_p = _lax.split_p
+
+
+def source_summary(eqn: JaxprEqn) -> str:
+  """`file.py:line (function)` of the user code that produced `eqn`."""
+  return _source_info_util.summarize(eqn.source_info)
+
+
+def bind_equation(eqn: JaxprEqn, args: list) -> list:
+  """Evaluates one jaxpr equation on `args`, as `jax.core.eval_jaxpr` does."""
+  params = eqn.primitive.get_bind_params(eqn.params)
+  outs = eqn.primitive.bind(*args, **params)
+  return list(outs) if eqn.primitive.multiple_results else [outs]
+
+
+def define_primitive_rules(prim: Primitive, *, impl, abstract_eval, jvp,
+                           batch) -> None:
+  """Registers evaluation, lowering, JVP and batching rules of `prim`.
+
+  `jvp(primals, tangents, **params)` receives instantiated (dense) tangents;
+  `batch(args, dims, **params)` receives `None` for unbatched arguments.
+  """
+  prim.multiple_results = True
+  prim.def_impl(impl)
+  prim.def_abstract_eval(abstract_eval)
+  _mlir.register_lowering(prim, _mlir.lower_fun(impl, multiple_results=True))
+
+  def dense_jvp(primals, tangents, **params):
+    tangents = [_ad.instantiate_zeros(t) for t in tangents]
+    return jvp(primals, tangents, **params)
+
+  def batch_rule(args, dims, **params):
+    dims = [None if d is _batching.not_mapped else d for d in dims]
+    return batch(args, dims, **params)
+
+  _ad.primitive_jvps[prim] = dense_jvp
+  _batching.primitive_batchers[prim] = batch_rule
