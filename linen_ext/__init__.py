@@ -1,0 +1,38 @@
+"""linen_ext: a Linen-style Module system on `lift`; port a Flax model by changing the import.
+
+>>> import linen_ext as nn
+>>> class Mlp(nn.Module):
+...   @nn.compact
+...   def __call__(self, x):
+...     return nn.Dense(1)(nn.relu(nn.Dense(4)(x)))
+>>> variables = Mlp().init(jax.random.key(0), jnp.ones((2, 3)))
+"""
+# Activations, initializers and axis metadata are Flax's own (pure functions and boxes).
+from flax.linen import initializers
+from flax.linen import (PARTITION_NAME, LogicallyPartitioned, Partitioned,
+                        get_logical_axis_rules, get_partition_spec, get_sharding,
+                        logical_axis_rules, logical_to_mesh, logical_to_mesh_axes,
+                        logical_to_mesh_sharding, set_logical_axis_rules, unbox,
+                        with_logical_constraint, with_logical_partitioning,
+                        with_partitioning)
+from flax.linen import (celu, elu, gelu, glu, hard_sigmoid, hard_silu, hard_swish,
+                        hard_tanh, leaky_relu, log_sigmoid, log_softmax, logsumexp,
+                        normalize, one_hot, relu, relu6, selu, sigmoid, silu,
+                        soft_sign, softmax, softplus, standardize, swish, tanh)
+from flax.linen import (avg_pool, combine_masks, dot_product_attention,
+                        dot_product_attention_weights, make_attention_mask,
+                        make_causal_mask, max_pool, merge_param, ones, ones_init,
+                        pool, zeros, zeros_init)
+
+from lift.filters import DenyList
+from lift.scope import Scope, Variable
+
+from linen_ext import errors
+from linen_ext.entry import capture_call_intermediates
+from linen_ext.flax_adapter import FlaxModule, from_flax
+from linen_ext.layers import (BatchNorm, Conv, Dense, DenseGeneral, Dropout, Embed,
+                              FlaxLayer, GRUCell, LayerNorm, LSTMCell,
+                              MultiHeadAttention, MultiHeadDotProductAttention,
+                              RMSNorm, SelfAttention)
+from linen_ext.module import Module, compact, nowrap
+from linen_ext.variables_api import tuple_init, tuple_reduce

@@ -1,0 +1,175 @@
+"""Errors raised by `linen_ext`. Every class derives from `ModuleError` (a `LiftError`).
+
+Messages say what failed (the module class, name or argument), why, and the fix.
+"""
+from __future__ import annotations
+
+from lift.errors import LiftError
+
+
+class ModuleError(LiftError):
+  """Base class of every error raised by the `linen_ext` Module system."""
+
+
+_UNBOUND = (
+    '{what} on an unbound `{cls}`: a module only has variables and rngs inside '
+    '`init`, `apply` or a parent module that is itself bound. Fix: run it '
+    'through `{cls}(...).init(key, x)` / `.apply(variables, x)`, or `bind` '
+    'it: `module.bind(variables)`.')
+
+
+class UnboundModuleError(ModuleError):
+  """A module was used (called, asked for variables or rngs) outside `init`/`apply`."""
+
+  def __init__(self, cls_name: str, what: str):
+    super().__init__(_UNBOUND.format(what=what, cls=cls_name))
+
+
+class NameInUseError(ModuleError, ValueError):
+  """Two submodules, or a submodule and a variable, claim one name in one module."""
+
+  def __init__(self, kind: str, name: str, parent_cls: str, path: tuple[str, ...]):
+    super().__init__(
+        f'Could not create {kind} "{name}" in `{parent_cls}` at '
+        f'"/{"/".join(path)}": the name is already used by another submodule '
+        'or variable of this module. Names must be unique per module. Fix: '
+        f'pass a different `name=` (or leave it out to get an automatic '
+        f'`ClassName_N` name), or reuse the existing instance to share its variables.')
+    self.name, self.path = name, tuple(path)
+
+
+class ReservedNameError(ModuleError, TypeError):
+  """A Module subclass declares `parent` or `name` as its own field."""
+
+  def __init__(self, cls_name: str, field: str):
+    super().__init__(
+        f'`{cls_name}` declares a field "{field}", but `parent` and `name` are '
+        'reserved by Module (every module gets them as keyword-only '
+        'arguments). Fix: rename the field, e.g. `layer_name: str`.')
+
+
+class MultipleCompactMethodsError(ModuleError, TypeError):
+  """More than one method of a Module class is marked `@compact`."""
+
+  def __init__(self, cls_name: str, methods: list[str]):
+    super().__init__(
+        f'`{cls_name}` has several @compact methods {sorted(methods)}; only '
+        'one method per class may define submodules inline. Fix: keep '
+        '@compact on one method (usually `__call__`) and define shared '
+        'submodules in `setup`.')
+
+
+class FrozenModuleError(ModuleError, AttributeError):
+  """An attribute of a module was set outside `setup`."""
+
+  def __init__(self, cls_name: str, attr: str):
+    super().__init__(
+        f'Cannot set attribute "{attr}" on `{cls_name}`: modules are frozen '
+        'dataclasses outside `setup`. Fix: assign submodules and variables '
+        'in `setup()`, or make a modified copy with `module.clone(' f'{attr}=...)`.')
+
+
+class SetupFieldAssignmentError(ModuleError, AttributeError):
+  """`setup` assigned to a dataclass field."""
+
+  def __init__(self, cls_name: str, attr: str):
+    super().__init__(
+        f'`{cls_name}.setup` assigns to "{attr}", which is a dataclass field '
+        '(a constructor argument). Fields are fixed when the module is '
+        'constructed. Fix: pass the value to the constructor, or store the '
+        'derived value under another attribute name in `setup`.')
+
+
+class SubmoduleOutsideSetupError(ModuleError):
+  """A submodule or variable was created in a method that is neither `setup` nor `@compact`."""
+
+  def __init__(self, cls_name: str, what: str):
+    super().__init__(
+        f'{what} was created inside a method of `{cls_name}` that is neither '
+        '`setup` nor marked `@compact`. Submodules and variables must be '
+        'defined in one of those so their names are stable. Fix: decorate '
+        'the method with `@nn.compact`, or define them in `setup()`.')
+
+
+class InvalidParentError(ModuleError, TypeError):
+  """`parent=` is not None, a Module or a Scope."""
+
+  def __init__(self, cls_name: str, parent):
+    super().__init__(
+        f'`{cls_name}(parent=...)` got {type(parent).__name__}; parent must be '
+        'None (a detached module), a Module or a lift.Scope. Fix: leave '
+        '`parent` out, or pass `parent=None` for a module used through '
+        '`init`/`apply` only.')
+
+
+class InvalidMethodError(ModuleError, TypeError):
+  """`apply(..., method=...)` is neither a method name nor a callable taking the module."""
+
+  def __init__(self, method):
+    super().__init__(
+        f'`method={method!r}` is not a method of the module: pass its name '
+        '(`method="encode"`), the unbound function (`method=Model.encode`), '
+        'or a function taking the module first (`method=lambda m, x: m.encode(x)`).')
+
+
+class TransformTargetError(ModuleError, TypeError):
+  """A lifted transform was given a Module instance (or other non-class, non-function)."""
+
+  def __init__(self, transform: str, target):
+    super().__init__(
+        f'`nn.{transform}` was given {type(target).__name__} instance {target!r:.80}; '
+        'it transforms a Module class or a method. Fix: transform the class '
+        f'and instantiate the result, `nn.{transform}(MyModule, ...)(...)`, or '
+        f'decorate the method with `@nn.{transform}(...)`.')
+
+
+class TransformedReturnError(ModuleError, TypeError):
+  """A transformed method returned a Module or a Variable."""
+
+  def __init__(self, transform: str, method: str, what: str):
+    super().__init__(
+        f'Method "{method}" transformed by `nn.{transform}` returned a {what}. '
+        'Modules and Variables are bound to the scopes of the transform and '
+        'become invalid when it returns. Fix: return arrays (e.g. '
+        '`variable.value` or the submodule\'s output) instead.')
+
+
+class StaticArgnumsError(ModuleError, ValueError):
+  """`static_argnums` / `static_argnames` do not fit the transformed method."""
+
+  def __init__(self, transform: str, method: str, detail: str):
+    super().__init__(
+        f'`nn.{transform}` on "{method}": {detail} As in Flax, '
+        '`static_argnums` counts `self` as 0, so the first argument after '
+        '`self` is 1. Fix: e.g. `static_argnums=(1,)` for `def f(self, '
+        'config, x)`, or name it: `static_argnames=("config",)`.')
+
+
+class TransformMethodsError(ModuleError, TypeError):
+  """`methods=` is not a list of method names or a dict of per-method options."""
+
+  def __init__(self, transform: str, methods):
+    super().__init__(
+        f'`nn.{transform}(..., methods={methods!r:.80})`: methods must be None '
+        '(transform `__call__`), a list/tuple of method names, or a dict '
+        '`{name: {option: value}}` of per-method options. Fix: e.g. '
+        '`methods=["__call__", "encode"]`.')
+
+
+class NotAMethodError(ModuleError, AttributeError):
+  """A name in `methods=` is not a method of the class being transformed."""
+
+  def __init__(self, transform: str, cls_name: str, name: str):
+    super().__init__(
+        f'`nn.{transform}({cls_name}, methods=[..., "{name}"])`: `{cls_name}` '
+        f'has no method "{name}". Fix: list only methods defined on the class.')
+
+
+class FlaxAdapterError(ModuleError, TypeError):
+  """`from_flax` was given something that is not a `flax.linen.Module` instance."""
+
+  def __init__(self, obj):
+    super().__init__(
+        f'`linen_ext.from_flax` expects a flax.linen.Module instance, got '
+        f'{type(obj).__name__}. Fix: pass an instance, e.g. '
+        '`from_flax(flax.linen.Dense(4))`, not the class.')

@@ -1,0 +1,177 @@
+"""Running a `flax.linen` module inside a `linen_ext` module: `from_flax`, `FlaxModule`.
+
+A flax module at our scope ``S`` (path ``p``) runs through flax's own
+``init_with_output``/``apply`` on a small flax tree that places it at ``p``:
+``_Path`` modules named ``p[:-1]`` lead to a ``_Leaf`` named ``p[-1]`` whose scope
+the flax module shares. So:
+
+* its variables are ``S``'s variables, nested under ``p`` going in and taken
+  from under ``p`` coming out (mutated collections are written back to ``S``);
+* its rng keys are a native flax model's: our stream at ``S`` is the raw key
+  plus suffix ``p``, and flax derives ``fold_in(key, hash(p + names + counter))``
+  from the raw key and the same path. Later calls of the same instance get
+  ``S``'s draw number k (k >= 2) as their key: fresh, but not Flax's value;
+* inside ``init`` the flag ``is_initializing()`` holds (flax's ``init``), and the
+  variables created so far are put back first, so a second call reuses them;
+* mutability is ``S``'s filter, so ``batch_stats`` follow ``apply(mutable=...)``
+  and the lifted transforms around us.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as flax_nn
+
+from lift.filters import DenyList, Filter, union_filters
+from lift.scope import Scope, copy_structure
+
+from linen_ext import errors
+from linen_ext._state import context
+from linen_ext.module import Module, nowrap
+
+
+@dataclasses.dataclass(frozen=True)
+class FlaxCall:
+  """One method call of a flax module, handed through flax's ``apply`` as an argument."""
+  target: flax_nn.Module
+  method: str
+  args: tuple
+  kwargs: dict
+  existing: dict  # variables put at the target's scope first (init only)
+
+
+class _Leaf(flax_nn.Module):
+  """Sits at the target's path and shares its scope with the target."""
+  adapted_flax_module: flax_nn.Module
+
+  def setup(self):
+    flax_nn.share_scope(self, self.adapted_flax_module)
+
+  def __call__(self, call: FlaxCall):
+    for col, tree in call.existing.items():
+      for name, value in tree.items():
+        self.scope.put_variable(col, name, value)
+    return getattr(self.adapted_flax_module, call.method)(*call.args, **call.kwargs)
+
+
+class _Path(flax_nn.Module):
+  """One level of the path from the flax root down to the leaf."""
+  names: tuple[str, ...]
+
+  @flax_nn.compact
+  def __call__(self, call: FlaxCall):
+    head, *rest = self.names
+    if rest:
+      return _Path(tuple(rest), name=head)(call)
+    return _Leaf(call.target, name=head)(call)
+
+
+def to_flax_filter(f: Filter) -> Any:
+  """Our filter as flax's (only `DenyList` differs)."""
+  if isinstance(f, DenyList):
+    return flax_nn.DenyList(to_flax_filter(f.deny))
+  if isinstance(f, (set, frozenset)):
+    return tuple(sorted(f))
+  return f
+
+
+def _nest(path: tuple[str, ...], tree: Any) -> Any:
+  for name in reversed(path):
+    tree = {name: tree}
+  return tree
+
+
+def _at(path: tuple[str, ...], tree: Mapping[str, Any]) -> Mapping[str, Any]:
+  for name in path:
+    tree = tree.get(name, {}) if isinstance(tree, Mapping) else {}
+  return tree
+
+
+def _flax_key(scope: Scope, stream_name: str) -> Any:
+  """The first call gets the raw key (flax then derives native keys); later ones a fresh draw."""
+  stream = scope.rngs[stream_name]
+  call = scope.rng_counters.next(stream_name)
+  if call == 1 and stream.suffix == scope.path:
+    return stream.key
+  return stream.draw(call)
+
+
+def _capture_filter():
+  capture = context.capture_stack[-1] if context.capture_stack else None
+  if capture is None:
+    return False
+  return lambda m, method: not isinstance(m, (_Path, _Leaf)) and capture(m, method)
+
+
+def run_flax(scope: Scope, target: flax_nn.Module, method: str, args: tuple,
+             kwargs: dict) -> Any:
+  """Runs ``target.<method>(*args, **kwargs)`` as if it were a native module at ``scope``.
+
+  >>> y = run_flax(scope, flax.linen.Dense(3), '__call__', (x,), {})
+  """
+  path = scope.path
+  existing = {col: copy_structure(tree) for col, tree in scope.variables().items()}
+  rngs = {name: _flax_key(scope, name) for name in scope.rngs}
+  initializing = bool(scope.get_flag('initializing', False))
+  call = FlaxCall(target, method, args, kwargs, existing if initializing else {})
+  root = _Path(path) if path else _Leaf(target)
+  capture = _capture_filter()
+  if initializing:
+    mutable = to_flax_filter(union_filters(scope.mutable, set(existing)))
+    y, out = root.init_with_output(rngs, call, mutable=mutable,
+                                   capture_intermediates=capture)
+  elif scope.mutable is False:
+    variables = {col: _nest(path, tree) for col, tree in existing.items()}
+    return root.apply(variables, call, rngs=rngs or None)
+  else:
+    variables = {col: _nest(path, tree) for col, tree in existing.items()}
+    y, out = root.apply(variables, call, rngs=rngs or None,
+                        mutable=to_flax_filter(scope.mutable), capture_intermediates=capture)
+  for col, tree in out.items():
+    if scope.is_mutable_collection(col):
+      for name, value in _at(path, tree).items():
+        scope.put_variable(col, name, value)
+  return y
+
+
+class FlaxModule(Module):
+  """A `flax.linen` module instance used as a `linen_ext` submodule (see `from_flax`).
+
+  Its automatic name is the flax class's (``Dense_0``); other methods of the
+  flax module are reachable as attributes (``from_flax(nn.Embed(...)).attend``).
+  """
+  module: flax_nn.Module
+
+  @nowrap
+  def autoname_prefix(self) -> str:
+    return type(self.module).__name__
+
+  def _capture(self, method_name, y):
+    del method_name, y  # flax captures the wrapped module's own intermediates
+
+  def __call__(self, *args, **kwargs):
+    scope = self._bound_scope(f'Calling flax `{type(self.module).__name__}`')
+    return run_flax(scope, self.module, '__call__', args, kwargs)
+
+  def call_method(self, method: str, *args, **kwargs):
+    """Runs another method of the flax module, e.g. ``call_method('attend', q)``."""
+    scope = self._bound_scope(f'Calling flax `{type(self.module).__name__}.{method}`')
+    return run_flax(scope, self.module, method, args, kwargs)
+
+
+def from_flax(module: flax_nn.Module, *, name: str | None = None) -> FlaxModule:
+  """Wraps a `flax.linen` module instance as a submodule of the current module.
+
+  Variables, rng keys and mutable collections are those of the same module in
+  a native flax model at the same path.
+
+  >>> class Model(Module):
+  ...   @compact
+  ...   def __call__(self, x):
+  ...     return from_flax(flax.linen.Dense(3))(x)   # params at 'Dense_0'
+  """
+  if not isinstance(module, flax_nn.Module):
+    raise errors.FlaxAdapterError(module)
+  return FlaxModule(module.clone(parent=None, name=None), name=name or module.name)

@@ -1,0 +1,161 @@
+"""Ready-made layers with Flax's constructor arguments, methods and values.
+
+Each class but `Dropout` runs the `flax.linen` layer of the same name through
+`run_flax` (see ``flax_adapter``): its dataclass fields are copied from the
+flax class, so every flax option works and values equal flax's by construction.
+`Dropout` is native because its key is drawn on every call: a native layer
+continues the scope's counter across repeated calls exactly as flax does.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import flax.linen as flax_nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from linen_ext.flax_adapter import run_flax
+from linen_ext.module import Module, compact, nowrap
+
+
+def _copy_flax_fields(cls: type, flax_class: type) -> None:
+  """Declares on ``cls`` the dataclass fields of ``flax_class`` (minus parent and name)."""
+  annotations = dict(cls.__dict__.get('__annotations__', {}))
+  for f in dataclasses.fields(flax_class):
+    if not f.init or f.name in ('parent', 'name'):
+      continue
+    annotations[f.name] = Any
+    setattr(cls, f.name, dataclasses.field(default=f.default, default_factory=f.default_factory))
+  cls.__annotations__ = annotations
+
+
+class FlaxLayer(Module):
+  """Base of the ready-made layers: ``flax_class`` gives the fields and does the work.
+
+  >>> class Dense(FlaxLayer):
+  ...   flax_class = flax.linen.Dense
+  """
+  flax_class: ClassVar[type]
+
+  def __init_subclass__(cls, **kwargs):
+    if 'flax_class' in cls.__dict__:
+      _copy_flax_fields(cls, cls.flax_class)
+    super().__init_subclass__(**kwargs)
+
+  @nowrap
+  def to_flax(self) -> flax_nn.Module:
+    """The equivalent detached `flax.linen` module."""
+    fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+              if f.init and f.name not in ('parent', 'name')}
+    return self.flax_class(**fields, parent=None)
+
+  def _capture(self, method_name, y):
+    del method_name, y  # flax captures the layer's own intermediates
+
+  def _run(self, method: str, args: tuple, kwargs: dict) -> Any:
+    scope = self._bound_scope(f'Calling `{type(self).__name__}.{method}`')
+    return run_flax(scope, self.to_flax(), method, args, kwargs)
+
+  def __call__(self, *args, **kwargs):
+    return self._run('__call__', args, kwargs)
+
+
+class Dense(FlaxLayer):
+  """`flax.linen.Dense`: ``y = x @ kernel + bias``."""
+  flax_class = flax_nn.Dense
+
+
+class DenseGeneral(FlaxLayer):
+  """`flax.linen.DenseGeneral`: a dense layer over several axes."""
+  flax_class = flax_nn.DenseGeneral
+
+
+class Conv(FlaxLayer):
+  """`flax.linen.Conv` (padding 'SAME', 'VALID', 'CIRCULAR', 'CAUSAL', ...)."""
+  flax_class = flax_nn.Conv
+
+
+class Embed(FlaxLayer):
+  """`flax.linen.Embed`; ``attend(query)`` is the transposed lookup."""
+  flax_class = flax_nn.Embed
+
+  def attend(self, query):
+    return self._run('attend', (query,), {})
+
+
+class LayerNorm(FlaxLayer):
+  """`flax.linen.LayerNorm`."""
+  flax_class = flax_nn.LayerNorm
+
+
+class RMSNorm(FlaxLayer):
+  """`flax.linen.RMSNorm`."""
+  flax_class = flax_nn.RMSNorm
+
+
+class BatchNorm(FlaxLayer):
+  """`flax.linen.BatchNorm`; running statistics live in 'batch_stats'."""
+  flax_class = flax_nn.BatchNorm
+
+
+class _RecurrentCell(FlaxLayer):
+
+  @nowrap
+  def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]):
+    """The initial carry for inputs of ``input_shape`` (as the flax cell)."""
+    return self.to_flax().initialize_carry(rng, input_shape)
+
+  @property
+  def num_feature_axes(self) -> int:
+    return self.to_flax().num_feature_axes
+
+
+class LSTMCell(_RecurrentCell):
+  """`flax.linen.LSTMCell`: ``(carry, x) -> (carry, y)``."""
+  flax_class = flax_nn.LSTMCell
+
+
+class GRUCell(_RecurrentCell):
+  """`flax.linen.GRUCell`: ``(carry, x) -> (carry, y)``."""
+  flax_class = flax_nn.GRUCell
+
+
+class MultiHeadDotProductAttention(FlaxLayer):
+  """`flax.linen.MultiHeadDotProductAttention` (decode cache in 'cache')."""
+  flax_class = flax_nn.MultiHeadDotProductAttention
+
+
+class SelfAttention(FlaxLayer):
+  """`flax.linen.SelfAttention`."""
+  flax_class = flax_nn.SelfAttention
+
+
+MultiHeadAttention = MultiHeadDotProductAttention
+
+
+class Dropout(Module):
+  """Zeroes inputs with probability ``rate`` (rescaling the rest), as `flax.linen.Dropout`.
+
+  >>> y = Dropout(0.5, deterministic=False).apply({}, x, rngs={'dropout': key})
+  """
+  rate: float
+  broadcast_dims: tuple[int, ...] = ()
+  deterministic: bool | None = None
+  rng_collection: str = 'dropout'
+
+  @compact
+  def __call__(self, inputs, deterministic: bool | None = None, rng: jax.Array | None = None):
+    deterministic = flax_nn.merge_param('deterministic', self.deterministic, deterministic)
+    if self.rate == 0.0 or deterministic:
+      return inputs
+    if self.rate == 1.0:  # keeps gradients finite
+      return jnp.zeros_like(inputs)
+    keep_prob = 1.0 - self.rate
+    if rng is None:
+      rng = self.make_rng(self.rng_collection)
+    dims = {d % inputs.ndim for d in self.broadcast_dims}
+    shape = [1 if d in dims else n for d, n in enumerate(inputs.shape)]
+    mask = jnp.broadcast_to(jax.random.bernoulli(rng, p=keep_prob, shape=shape), inputs.shape)
+    return lax.select(mask, inputs / keep_prob, jnp.zeros_like(inputs))

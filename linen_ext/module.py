@@ -1,0 +1,344 @@
+"""`Module`: a dataclass whose methods run against a `lift.Scope`.
+
+A module instance is a configuration (its dataclass fields) plus, once bound,
+a scope. Binding happens in three ways, as in Flax:
+
+* ``parent=scope``: the module is the top of an ``init``/``apply`` call;
+* created while a parent module's ``setup`` or ``@compact`` method runs: the
+  module is named (given name, attribute name, or ``ClassName_N``) and bound to
+  ``parent.scope.push(name)``;
+* passed in from outside (``parent=None``) as a field or setup attribute: it is
+  cloned and adopted under the attribute name.
+
+Every public method is wrapped so that ``setup`` runs lazily before it and a
+``@compact`` method gets fresh automatic names on each call (its scope is
+rewound afterwards, so a second call reuses the same variables).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import typing
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from lift.scope import Scope
+
+from linen_ext import errors
+from linen_ext._state import UNINITIALIZED, ModuleState, SetupState, context
+from linen_ext.variables_api import VariablesMixin
+from linen_ext.entry import EntryMixin
+
+F = TypeVar('F', bound=Callable[..., Any])
+M = TypeVar('M', bound='Module')
+
+_ids = itertools.count()
+# Outside modules adopted under one root keep their sharing: the same instance
+# passed twice becomes one clone (keyed by the root scope, then the instance id).
+_adoption_caches: 'weakref.WeakKeyDictionary[Scope, dict[int, Module]]' = weakref.WeakKeyDictionary()
+
+
+class _Unspecified:
+  def __repr__(self):
+    return 'UNSPECIFIED_PARENT'
+
+
+UNSPECIFIED = _Unspecified()
+
+
+def compact(fun: F) -> F:
+  """Marks the method that may create submodules and variables inline.
+
+  >>> class Mlp(Module):
+  ...   @compact
+  ...   def __call__(self, x):
+  ...     return Dense(1)(x)
+  """
+  fun.compact = True  # type: ignore[attr-defined]
+  return fun
+
+
+def nowrap(fun: F) -> F:
+  """Marks a helper method that runs without setup or name bookkeeping.
+
+  Use it for methods that create submodules for a caller, e.g. a factory
+  called from ``setup``.
+
+  >>> class Block(Module):
+  ...   @nowrap
+  ...   def make_dense(self, n):
+  ...     return Dense(n)
+  """
+  fun.nowrap = True  # type: ignore[attr-defined]
+  return fun
+
+
+def wrap_method(fun: F) -> F:
+  """Wraps ``fun`` once so that calls go through :meth:`Module._call_wrapped_method`."""
+  if getattr(fun, 'method_handler_wrapped', False):
+    return fun
+
+  @functools.wraps(fun)
+  def wrapped(self, *args, **kwargs):
+    return self._call_wrapped_method(fun, args, kwargs)
+
+  wrapped.method_handler_wrapped = True  # type: ignore[attr-defined]
+  wrapped.inner_fun = fun  # type: ignore[attr-defined]
+  return typing.cast(F, wrapped)
+
+
+def map_modules(fn: Callable[[str, Any], Any], tree: Any, suffix: str = '') -> Any:
+  """Applies ``fn(suffix, module)`` to the modules in nested dicts, lists and tuples.
+
+  ``suffix`` is Flax's naming of a module inside an attribute: ``''`` for the
+  attribute itself, ``'_0'`` for ``layers[0]``, ``'_a_1'`` for ``{'a': [_, m]}``.
+  Lists come back as tuples, as Flax freezes setup attributes.
+  """
+  if isinstance(tree, Module):
+    return fn(suffix, tree)
+  if isinstance(tree, Mapping):
+    return type(tree)({k: map_modules(fn, v, f'{suffix}_{k}') for k, v in tree.items()})
+  if isinstance(tree, (list, tuple)):
+    items = [map_modules(fn, v, f'{suffix}_{i}') for i, v in enumerate(tree)]
+    return type(tree)(*items) if hasattr(tree, '_fields') else tuple(items)
+  return tree
+
+
+def _module_fields(module) -> list[dataclasses.Field]:
+  return [f for f in dataclasses.fields(module) if f.init and f.name not in ('parent', 'name')]
+
+
+@typing.dataclass_transform(field_specifiers=(dataclasses.field,))
+class Module(VariablesMixin, EntryMixin):
+  """Base class of models: subclasses become dataclasses with ``parent`` and ``name``.
+
+  >>> class Mlp(Module):
+  ...   features: int
+  ...   @compact
+  ...   def __call__(self, x):
+  ...     return Dense(self.features)(relu(Dense(4)(x)))
+  >>> variables = Mlp(1).init(jax.random.key(0), jnp.ones((2, 3)))
+  """
+  parent: Any
+  name: str | None
+  scope: Scope | None = None
+  _state: ModuleState = UNINITIALIZED
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    _make_dataclass(cls)
+    _check_one_compact_method(cls)
+    _wrap_local_methods(cls)
+
+  # -- construction and binding ---------------------------------------------
+
+  def __post_init__(self) -> None:
+    object.__setattr__(self, '_id', next(_ids))
+    object.__setattr__(self, '_state', ModuleState())
+    if self.parent is UNSPECIFIED:
+      object.__setattr__(self, 'parent', context.module_stack[-1])
+    if self.parent is None:
+      return
+    if isinstance(self.parent, Module):
+      if self.parent._state.in_setup and self.name is None:
+        return  # named when setup assigns it to an attribute
+      self._attach_to_parent()
+    elif isinstance(self.parent, Scope):
+      object.__setattr__(self, 'scope', self.parent)
+    else:
+      raise errors.InvalidParentError(type(self).__name__, self.parent)
+    for field in _module_fields(self):
+      self._register_submodules(field.name, getattr(self, field.name))
+    self._state.is_initialized = True
+
+  def _attach_to_parent(self):
+    parent: Module = self.parent
+    if parent.scope is None:
+      raise errors.UnboundModuleError(type(parent).__name__,
+                                      f'Creating submodule `{type(self).__name__}`')
+    if not parent._initialization_allowed:
+      raise errors.SubmoduleOutsideSetupError(type(parent).__name__,
+                                              f'Submodule `{type(self).__name__}`')
+    if self.name is None:
+      prefix = self.autoname_prefix()
+      cursor = parent._state.autoname_cursor.get(prefix, 0)
+      object.__setattr__(self, 'name', f'{prefix}_{cursor}')
+      parent._state.autoname_cursor[prefix] = cursor + 1
+    reuse = parent._state.in_setup and parent._state.setup_called == SetupState.TRANSFORMED
+    if not reuse and parent.scope.name_reserved(self.name):
+      raise errors.NameInUseError('submodule', self.name, type(parent).__name__,
+                                  parent.scope.path)
+    object.__setattr__(self, 'scope', parent.scope.push(self.name, reuse=reuse))
+
+  def autoname_prefix(self) -> str:
+    """The prefix of automatic names, ``ClassName`` as in Flax."""
+    return type(self).__name__
+
+  def _register_submodules(self, name: str, value: Any):
+    """Adopts the modules in attribute ``name`` and stores it (lists become tuples)."""
+    cache = _adoption_caches.setdefault(self.scope.root, {})
+    queue = []
+
+    def adopt(suffix, module):
+      if module.parent is None:
+        key = module._id
+        if key not in cache:
+          cache[key] = module.clone(name=None)
+        module = cache[key]
+      if module.name is None:
+        object.__setattr__(module, 'parent', self)
+        object.__setattr__(module, 'name', f'{name}{suffix}')
+        queue.append(module)
+      return module
+
+    object.__setattr__(self, name, map_modules(adopt, value))
+    for module in queue:
+      module.__post_init__()
+
+  def _try_setup(self, shallow: bool = False) -> None:
+    """Runs ``setup`` once, lazily; ``shallow`` only adopts field submodules."""
+    state = self._state
+    if self.scope is None or state.in_setup or state.setup_called == SetupState.DONE:
+      return
+    try:
+      state.in_setup = True
+      for field in _module_fields(self):
+        self._register_submodules(field.name, getattr(self, field.name))
+      if not shallow:
+        self.setup()
+    finally:
+      state.in_setup = False
+      if not shallow:
+        state.setup_called = SetupState.DONE
+
+  def setup(self) -> None:
+    """Defines submodules and variables lazily; runs before the first method call."""
+
+  @property
+  def _initialization_allowed(self) -> bool:
+    state = self._state
+    return not state.is_initialized or state.in_setup or state.in_compact_method
+
+  # -- method calls ---------------------------------------------------------
+
+  def _call_wrapped_method(self, fun: Callable[..., Any], args, kwargs):
+    is_compact = getattr(fun, 'compact', False)
+    is_setup = fun.__name__ == 'setup'
+    state, recurrent = self._state, False
+    if is_setup:
+      if self.scope is None:
+        raise errors.UnboundModuleError(type(self).__name__, 'Calling setup')
+      recurrent, state.in_setup = state.in_setup, True
+    else:
+      self._try_setup()
+    if is_compact:
+      if self.scope is None:
+        raise errors.UnboundModuleError(type(self).__name__,
+                                        f'Calling @compact method "{fun.__name__}"')
+      recurrent, state.in_compact_method = state.in_compact_method, True
+    context.module_stack.append(self)
+    try:
+      y = fun(self, *args, **kwargs)
+      self._capture(fun.__name__, y)
+      return y
+    finally:
+      context.module_stack.pop()
+      if is_compact:
+        object.__setattr__(self, 'scope', self.scope.rewound())
+      if (is_compact or is_setup) and not recurrent:
+        state.reset()
+
+  def _capture(self, method_name: str, y: Any):
+    capture = context.capture_stack[-1] if context.capture_stack else None
+    if capture is not None and capture(self, method_name):
+      self.sow('intermediates', method_name, y)
+
+  # -- attributes -----------------------------------------------------------
+
+  def __setattr__(self, name: str, value: Any):
+    state = self._state
+    if not state.in_setup:
+      if not state.is_initialized or name.startswith('__'):
+        object.__setattr__(self, name, value)
+        return
+      raise errors.FrozenModuleError(type(self).__name__, name)
+    if name in {f.name for f in dataclasses.fields(self) if f.init}:
+      raise errors.SetupFieldAssignmentError(type(self).__name__, name)
+    self._register_submodules(name, value)
+
+  def __getattr__(self, name: str) -> Any:
+    if name.startswith('__'):
+      raise AttributeError(name)
+    self._try_setup()
+    if name in self.__dict__:
+      return self.__dict__[name]
+    hint = ''
+    if self.scope is None:
+      hint = (f' If "{name}" is defined in `setup`, it only exists inside '
+              '`init`/`apply` (or on a module returned by `bind`).')
+    raise AttributeError(f'"{type(self).__name__}" object has no attribute "{name}".{hint}')
+
+  def __dir__(self) -> list[str]:
+    self._try_setup()
+    return list(object.__dir__(self))
+
+  # -- copies -----------------------------------------------------------------
+
+  def clone(self: M, *, parent: Any = None, _deep_clone: bool | dict = False,
+            _reset_names: bool = False, **updates) -> M:
+    """A copy with the same fields (and ``updates``); by default detached (``parent=None``).
+
+    >>> Dense(3).clone(features=4).features
+    4
+    """
+    attrs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+    attrs.update(parent=parent, **updates)
+    if _deep_clone is not False:
+      cache = {} if _deep_clone is True else _deep_clone
+
+      def clone_child(_, module):
+        if module._id not in cache:
+          extra = {'name': None} if _reset_names else {}
+          cache[module._id] = module.clone(_deep_clone=cache, _reset_names=_reset_names,
+                                           **extra)
+        return cache[module._id]
+
+      for field in _module_fields(self):
+        if field.name not in updates:
+          attrs[field.name] = map_modules(clone_child, attrs[field.name])
+    return type(self)(**attrs)
+
+  @property
+  def path(self) -> tuple[str, ...]:
+    """The names from the root module down to this one (``()`` at the top)."""
+    return self._bound_scope('Reading `path`').path
+
+
+def _make_dataclass(cls: type) -> None:
+  annotations = cls.__dict__.get('__annotations__', {})
+  for reserved in ('parent', 'name'):
+    if reserved in annotations:
+      raise errors.ReservedNameError(cls.__name__, reserved)
+  cls.__annotations__ = {**annotations, 'parent': Any, 'name': 'str | None'}
+  cls.parent = dataclasses.field(default=UNSPECIFIED, kw_only=True, repr=False, compare=False)
+  cls.name = dataclasses.field(default=None, kw_only=True)
+  dataclasses.dataclass(cls, unsafe_hash='__hash__' not in cls.__dict__, repr=True)
+
+
+def _check_one_compact_method(cls: type) -> None:
+  names = {name for klass in cls.__mro__ for name, attr in vars(klass).items()
+           if getattr(getattr(attr, 'inner_fun', attr), 'compact', False)}
+  if len(names) > 1:
+    raise errors.MultipleCompactMethodsError(cls.__name__, list(names))
+
+
+def _wrap_local_methods(cls: type) -> None:
+  field_names = {f.name for f in dataclasses.fields(cls)}
+  for key, attr in list(vars(cls).items()):
+    if key in field_names or (key.startswith('_') and key != '__call__'):
+      continue
+    if callable(attr) and not isinstance(attr, (type, staticmethod, classmethod)) \
+        and not getattr(attr, 'nowrap', False):
+      setattr(cls, key, wrap_method(attr))

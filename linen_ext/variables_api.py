@@ -1,0 +1,138 @@
+"""The variable and rng methods of `Module`: thin checks in front of `lift.Scope`."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import jax
+
+from lift.scope import Scope, Variable
+
+from linen_ext import errors
+
+T = TypeVar('T')
+K = TypeVar('K')
+
+
+def tuple_reduce(xs: tuple, x: Any) -> tuple:
+  """`sow`'s default reduction: append ``x`` to the tuple ``xs``."""
+  return xs + (x,)
+
+
+def tuple_init() -> tuple:
+  """`sow`'s default initial value: an empty tuple."""
+  return ()
+
+
+class VariablesMixin:
+  """`param`, `variable`, `make_rng`, `sow` and friends; the module must be bound."""
+
+  scope: Scope | None
+
+  def _bound_scope(self, what: str) -> Scope:
+    if self.scope is None:
+      raise errors.UnboundModuleError(type(self).__name__, what)
+    return self.scope
+
+  def _reserve_check(self, kind: str, name: str, col: str) -> Scope:
+    scope = self._bound_scope(f'Creating {kind} "{name}"')
+    if not self._initialization_allowed:
+      raise errors.SubmoduleOutsideSetupError(type(self).__name__, f'{kind.capitalize()} "{name}"')
+    if scope.name_reserved(name, col):
+      raise errors.NameInUseError(kind, name, type(self).__name__, scope.path)
+    return scope
+
+  def param(self, name: str, init_fn: Callable[..., T], *init_args,
+            unbox: bool = True, **init_kwargs) -> T:
+    """Declares parameter ``name`` in 'params', created by ``init_fn(key, *init_args)``.
+
+    >>> class Bias(Module):
+    ...   @compact
+    ...   def __call__(self, x):
+    ...     return x + self.param('b', jax.nn.initializers.zeros, x.shape[-1:])
+    """
+    scope = self._reserve_check('param', name, 'params')
+    return scope.param(name, init_fn, *init_args, unbox=unbox, **init_kwargs)
+
+  def variable(self, col: str, name: str, init_fn: Callable[..., T] | None = None,
+               *init_args, unbox: bool = True, **init_kwargs) -> Variable[T]:
+    """Declares variable ``name`` of collection ``col``; returns a handle with ``.value``.
+
+    >>> class Counter(Module):
+    ...   @compact
+    ...   def __call__(self):
+    ...     count = self.variable('counter', 'count', lambda: 0)
+    ...     count.value += 1
+    """
+    scope = self._reserve_check('variable', name, col)
+    return scope.variable(col, name, init_fn, *init_args, unbox=unbox, **init_kwargs)
+
+  def make_rng(self, name: str = 'params') -> jax.Array:
+    """A fresh key from stream ``name`` (falls back to 'params' when absent, as Flax).
+
+    >>> class Noise(Module):
+    ...   def __call__(self, x):
+    ...     return x + jax.random.normal(self.make_rng('noise'), x.shape)
+    """
+    return self._bound_scope(f'make_rng("{name}")').make_rng(name)
+
+  def has_rng(self, name: str) -> bool:
+    return self._bound_scope(f'has_rng("{name}")').has_rng(name)
+
+  def is_initializing(self) -> bool:
+    """True inside ``init`` (and ``init_with_output``)."""
+    return bool(self._bound_scope('is_initializing()').get_flag('initializing', False))
+
+  def is_mutable_collection(self, col: str) -> bool:
+    return self._bound_scope('is_mutable_collection').is_mutable_collection(col)
+
+  def has_variable(self, col: str, name: str) -> bool:
+    return self._bound_scope('has_variable').has_variable(col, name)
+
+  def get_variable(self, col: str, name: str, default: T | None = None) -> T | None:
+    """The value of variable ``col/name`` of this module, or ``default``."""
+    return self._bound_scope('get_variable').get_variable(col, name, default)
+
+  def put_variable(self, col: str, name: str, value: Any) -> None:
+    """Writes variable ``col/name``; the collection must be mutable."""
+    self._bound_scope('put_variable').put_variable(col, name, value)
+
+  @property
+  def variables(self) -> dict[str, Any]:
+    """The variables of this module and its children, ``{collection: {name: value}}``."""
+    return self._bound_scope('Reading `variables`').variables()
+
+  def sow(self, col: str, name: str, value: Any,
+          reduce_fn: Callable[[K, Any], K] = tuple_reduce,
+          init_fn: Callable[[], K] = tuple_init) -> bool:
+    """Stores ``value`` in ``col/name`` when ``col`` is mutable; returns whether it did.
+
+    >>> class Probe(Module):
+    ...   def __call__(self, x):
+    ...     self.sow('intermediates', 'x', x)
+    ...     return x
+    """
+    scope = self._bound_scope(f'sow("{col}", "{name}")')
+    if not scope.is_mutable_collection(col):
+      return False
+    if scope.has_variable(col, name):
+      xs = scope.get_variable(col, name)
+    else:
+      scope.reserve(name, col)
+      xs = init_fn()
+    scope.put_variable(col, name, reduce_fn(xs, value))
+    return True
+
+  def perturb(self, name: str, value: T, collection: str = 'perturbations') -> T:
+    """Adds a zero-initialised 'perturbations' variable to ``value`` (for gradients of intermediates).
+
+    >>> class Probe(Module):
+    ...   def __call__(self, x):
+    ...     return self.perturb('x', x)
+    """
+    scope = self._bound_scope(f'perturb("{name}")')
+    if scope.is_mutable_collection(collection) and not scope.has_variable(collection, name):
+      scope.put_variable(collection, name, jax.numpy.zeros_like(value))
+    if scope.has_variable(collection, name):
+      value = value + scope.get_variable(collection, name)
+    return value

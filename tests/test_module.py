@@ -1,0 +1,295 @@
+"""Module core: naming, setup, compact, sharing and adoption, against flax.linen as oracle.
+
+Each model is written once as a function of the ``nn`` namespace and built with
+both ``flax.linen`` and ``linen_ext``; the variable trees must be identical.
+"""
+import flax.linen as flax_nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import linen_ext as nn
+
+KEY = jax.random.key(0)
+X = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
+
+
+def assert_same_tree(a, b):
+  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def check_parity(make, *args, **kwargs):
+  """Same variables and outputs for the model built with flax.linen and with linen_ext."""
+  ours, theirs = make(nn)(), make(flax_nn)()
+  v_ours, v_theirs = ours.init(KEY, *args, **kwargs), theirs.init(KEY, *args, **kwargs)
+  assert_same_tree(v_ours, v_theirs)
+  assert_same_tree(ours.apply(v_ours, *args, **kwargs), theirs.apply(v_theirs, *args, **kwargs))
+  return v_ours
+
+
+def test_auto_names_and_explicit_names():
+  def make(nn):
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        x = nn.Dense(3)(x)
+        x = nn.Dense(3, name='middle')(x)
+        x = nn.LayerNorm()(nn.Dense(2)(x))
+        return x
+    return Model
+
+  variables = check_parity(make, X)
+  assert set(variables['params']) == {'Dense_0', 'middle', 'Dense_1', 'LayerNorm_0'}
+
+
+def test_setup_lists_dicts_and_nested_attributes_are_named_like_flax():
+  def make(nn):
+    class Model(nn.Module):
+      def setup(self):
+        self.layers = [nn.Dense(3), nn.Dense(3)]
+        self.heads = {'a': nn.Dense(1), 'b': [nn.Dense(2)]}
+        self.proj = nn.Dense(4)
+
+      def __call__(self, x):
+        for layer in self.layers:
+          x = layer(x)
+        return self.heads['a'](x) + self.heads['b'][0](x).sum(-1, keepdims=True) + \
+            self.proj(x).sum(-1, keepdims=True)
+    return Model
+
+  variables = check_parity(make, X)
+  assert set(variables['params']) == {'layers_0', 'layers_1', 'heads_a', 'heads_b_0', 'proj'}
+
+
+def test_shared_submodule_and_repeated_compact_calls_reuse_variables():
+  def make(nn):
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        shared = nn.Dense(4)
+        block = nn.Dense(4, name='block')
+        return block(shared(shared(x))) + block(x)
+    return Model
+
+  variables = check_parity(make, X)
+  assert set(variables['params']) == {'Dense_0', 'block'}
+
+
+def test_module_called_twice_from_parent_keeps_auto_names_per_call():
+  def make(nn):
+    class Inner(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return nn.Dense(4)(x)
+
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        inner = Inner()
+        return inner(inner(x))
+    return Model
+
+  variables = check_parity(make, X)
+  assert set(variables['params']['Inner_0']) == {'Dense_0'}
+
+
+def test_outside_modules_are_adopted_under_the_field_name_and_stay_shared():
+  def make(nn):
+    class Pair(nn.Module):
+      left: nn.Module
+      right: nn.Module
+
+      def __call__(self, x):
+        return self.left(x) + self.right(x)
+
+    shared = nn.Dense(4)
+    return lambda: Pair(shared, shared)
+
+  variables = check_parity(make, X)
+  assert set(variables['params']) == {'left'}
+
+
+def test_module_created_in_parent_and_passed_to_child_lives_at_the_parent():
+  def make(nn):
+    class Child(nn.Module):
+      inner: nn.Module
+
+      @nn.compact
+      def __call__(self, x, other):
+        return self.inner(x) + other(x) + nn.Dense(4)(x)
+
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        dense, arg = nn.Dense(4), nn.Dense(4, name='arg')
+        return Child(dense)(x, arg)
+    return Model
+
+  variables = check_parity(make, X)
+  assert set(variables['params']) == {'Dense_0', 'arg', 'Child_0'}
+  assert set(variables['params']['Child_0']) == {'Dense_0'}
+
+
+def test_nowrap_helper_creates_submodules_from_setup():
+  def make(nn):
+    class Model(nn.Module):
+      @nn.nowrap
+      def make_layer(self, n):
+        return nn.Dense(n)
+
+      def setup(self):
+        self.first, self.second = self.make_layer(3), self.make_layer(2)
+
+      def __call__(self, x):
+        return self.second(self.first(x))
+    return Model
+
+  variables = check_parity(make, X)
+  assert set(variables['params']) == {'first', 'second'}
+
+
+def test_setup_and_compact_modules_nest_and_params_match_flax():
+  def make(nn):
+    class Block(nn.Module):
+      features: int
+
+      def setup(self):
+        self.scale = self.param('scale', nn.initializers.ones, (self.features,))
+        self.dense = nn.Dense(self.features)
+
+      def __call__(self, x):
+        return self.dense(x) * self.scale[None]
+
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        x = Block(4)(x)
+        bias = self.param('bias', nn.initializers.normal(0.1), (4,))
+        return Block(2, name="last")(x + bias[None])
+    return Model
+
+  check_parity(make, X)
+
+
+def test_variables_rngs_and_flags_match_flax():
+  def make(nn, seen):
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        count = self.variable('counter', 'count', lambda: jnp.zeros((), jnp.int32))
+        if self.is_mutable_collection('counter'):
+          count.value += 1
+        seen.update(init=self.is_initializing(), has_dropout=self.has_rng('dropout'),
+                    path=self.path)
+        noise = jax.random.normal(self.make_rng('noise'), x.shape)
+        self.sow('intermediates', 'noise', noise)
+        self.put_variable('state', 'last', x.sum())
+        assert self.has_variable('state', 'last')
+        return x + self.get_variable('state', 'last') + noise
+    return Model()
+
+  seen_ours, seen_theirs = {}, {}
+  ours, theirs = make(nn, seen_ours), make(flax_nn, seen_theirs)
+  rngs = {'params': KEY, 'noise': jax.random.key(1)}
+  variables = ours.init(rngs, X)
+  assert_same_tree(variables, theirs.init(rngs, X))
+  assert seen_ours == seen_theirs == {'init': True, 'has_dropout': False, 'path': ()}
+  mutable = ['counter', 'intermediates', 'state']
+  out_ours = ours.apply(variables, X, rngs=rngs, mutable=mutable)
+  assert seen_ours['init'] is False
+  assert_same_tree(out_ours, theirs.apply(variables, X, rngs=rngs, mutable=mutable))
+  assert int(out_ours[1]['counter']['count']) == 2
+
+
+def test_apply_method_by_name_function_and_lambda():
+  def make(nn):
+    class AutoEncoder(nn.Module):
+      def setup(self):
+        self.encoder, self.decoder = nn.Dense(2), nn.Dense(4)
+
+      def encode(self, x):
+        return self.encoder(x)
+
+      def __call__(self, x):
+        return self.decoder(self.encode(x))
+    return AutoEncoder
+
+  ours, theirs = make(nn)(), make(flax_nn)()
+  variables = ours.init(KEY, X)
+  expected = theirs.apply(variables, X, method='encode')
+  for method in ('encode', type(ours).encode, ours.encode, lambda m, x: m.encode(x)):
+    np.testing.assert_array_equal(ours.apply(variables, X, method=method), expected)
+  z = ours.init(KEY, X, method='encode')
+  assert set(z['params']) == {'encoder'}
+
+
+def test_capture_intermediates_matches_flax():
+  def make(nn):
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return nn.Dense(2)(nn.relu(nn.Dense(3)(x)))
+    return Model
+
+  ours, theirs = make(nn)(), make(flax_nn)()
+  variables = ours.init(KEY, X)
+  _, state_ours = ours.apply(variables, X, capture_intermediates=True)
+  _, state_theirs = theirs.apply(variables, X, capture_intermediates=True)
+  assert_same_tree(state_ours, state_theirs)
+
+
+def test_init_does_not_keep_intermediates_by_default():
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      self.sow('intermediates', 'x', x)
+      return nn.Dense(2)(x)
+
+  assert set(Model().init(KEY, X)) == {'params'}
+  _, variables = Model().init_with_output(KEY, X, mutable=True)
+  assert set(variables) == {'params', 'intermediates'}
+
+
+def test_bind_unbind_and_clone():
+  class Model(nn.Module):
+    features: int = 3
+
+    def setup(self):
+      self.dense = nn.Dense(self.features)
+
+    def __call__(self, x):
+      return self.dense(x)
+
+  model = Model()
+  variables = model.init(KEY, X)
+  bound = model.bind(variables)
+  np.testing.assert_array_equal(bound(X), model.apply(variables, X))
+  assert bound.dense.variables == {'params': variables['params']['dense']}
+  detached, unbound_variables = bound.unbind()
+  assert detached.scope is None and unbound_variables == variables
+  assert model.clone(features=5).features == 5 and model.clone() == model
+
+
+def test_setup_attributes_exist_only_when_bound():
+  class Model(nn.Module):
+    def setup(self):
+      self.dense = nn.Dense(3)
+
+    def __call__(self, x):
+      return self.dense(x)
+
+  with pytest.raises(AttributeError, match='only exists inside `init`/`apply`'):
+    _ = Model().dense
+
+
+def test_dataclass_fields_and_defaults():
+  class Model(nn.Module):
+    features: int
+    use_bias: bool = True
+
+  m = Model(3, name='m')
+  assert (m.features, m.use_bias, m.name, m.parent) == (3, True, 'm', None)
+  assert Model(3) == Model(3) and hash(Model(3)) == hash(Model(3))

@@ -1,0 +1,126 @@
+"""Misuse of the Module system raises a `ModuleError` that names the culprit and the fix."""
+import jax
+import jax.numpy as jnp
+import pytest
+
+import linen_ext as nn
+from lift.errors import LiftError
+from linen_ext import errors
+
+KEY = jax.random.key(0)
+X = jnp.ones((2, 3))
+
+
+class Mlp(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(2)(x)
+
+
+def test_module_errors_are_lift_errors():
+  assert issubclass(errors.ModuleError, LiftError)
+
+
+def test_calling_a_compact_module_outside_init_or_apply():
+  with pytest.raises(errors.UnboundModuleError, match=r'unbound `Mlp`.*init\(key, x\)'):
+    Mlp()(X)
+
+
+def test_variables_of_an_unbound_module():
+  with pytest.raises(errors.UnboundModuleError, match='Reading `variables`'):
+    _ = Mlp().variables
+  with pytest.raises(errors.UnboundModuleError, match='make_rng'):
+    Mlp().make_rng('dropout')
+  with pytest.raises(errors.UnboundModuleError, match='unbind'):
+    Mlp().unbind()
+
+
+def test_duplicate_submodule_names():
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(2, name='a')(x) + nn.Dense(2, name='a')(x)
+
+  with pytest.raises(errors.NameInUseError, match=r'submodule "a" in `Model`'):
+    Model().init(KEY, X)
+
+
+def test_submodule_name_clashes_with_param():
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      self.param('a', nn.initializers.zeros, (3,))
+      return nn.Dense(2, name='a')(x)
+
+  with pytest.raises(errors.NameInUseError, match='submodule "a"'):
+    Model().init(KEY, X)
+
+
+def test_duplicate_param_names():
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      self.param('w', nn.initializers.zeros, (3,))
+      self.param('w', nn.initializers.zeros, (3,))
+      return x
+
+  with pytest.raises(errors.NameInUseError, match='param "w"'):
+    Model().init(KEY, X)
+
+
+def test_setting_attributes_outside_setup():
+  class Model(nn.Module):
+    def __call__(self, x):
+      self.cache = x
+      return x
+
+  with pytest.raises(errors.FrozenModuleError, match='"cache".*clone'):
+    Model().init(KEY, X)
+
+
+def test_setup_assigning_a_field():
+  class Model(nn.Module):
+    features: int = 2
+
+    def setup(self):
+      self.features = 3
+
+    def __call__(self, x):
+      return x
+
+  with pytest.raises(errors.SetupFieldAssignmentError, match='"features"'):
+    Model().init(KEY, X)
+
+
+def test_submodule_in_a_plain_method():
+  class Model(nn.Module):
+    def __call__(self, x):
+      return nn.Dense(2)(x)
+
+  with pytest.raises(errors.SubmoduleOutsideSetupError, match=r'`Dense`.*@nn.compact'):
+    Model().init(KEY, X)
+
+
+def test_reserved_field_names():
+  with pytest.raises(errors.ReservedNameError, match='"name"'):
+    class Model(nn.Module):  # noqa: F841
+      name: str
+
+
+def test_two_compact_methods():
+  with pytest.raises(errors.MultipleCompactMethodsError, match="__call__.*encode"):
+    class Model(nn.Module):  # noqa: F841
+      @nn.compact
+      def __call__(self, x):
+        return x
+
+      @nn.compact
+      def encode(self, x):
+        return x
+
+
+def test_invalid_parent_and_method():
+  with pytest.raises(errors.InvalidParentError, match='parent must be None'):
+    Mlp(parent=3)
+  with pytest.raises(errors.InvalidMethodError, match='"missing".* is not a method'):
+    Mlp().apply({}, X, method='missing')
