@@ -122,5 +122,5 @@ def test_two_compact_methods():
 def test_invalid_parent_and_method():
   with pytest.raises(errors.InvalidParentError, match='parent must be None'):
     Mlp(parent=3)
-  with pytest.raises(errors.InvalidMethodError, match='"missing".* is not a method'):
+  with pytest.raises(errors.InvalidMethodError, match="method='missing'. is not a method"):
     Mlp().apply({}, X, method='missing')
