@@ -1,0 +1,121 @@
+"""Lifted `checkpoint` (alias `remat`): ``jax.checkpoint`` over a scope function.
+
+Also the argument-index checks shared by the transforms that take
+``static_argnums``-like arguments (`checkpoint`, `jit`, `custom_vjp`).
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+
+from lift import errors
+from lift.filters import Filter
+from lift.pack import pack
+
+_BAD_ARGNUM = (
+    '{transform}: {argument}={value!r} holds {item!r}, which is not a '
+    'non-negative int. {counting} Fix: e.g. {argument}=({example},).')
+_ARGNUM_OUT_OF_RANGE = (
+    '{transform}: {argument} names argument {index}, but the call passed only '
+    '{count} positional argument(s) {counting_short}. Fix: pass that argument '
+    'positionally, or remove {index} from {argument}.')
+_BAD_ARGNAME = (
+    '{transform}: {argument}={value!r} holds {item!r}, which is not a string. '
+    'Fix: name keyword arguments, e.g. {argument}=("features",).')
+_CHECKPOINT_COUNTING = '(checkpoint counts the first argument after the scope as 0.)'
+
+
+def as_tuple(value: Any) -> tuple[Any, ...]:
+  """An int or str becomes a 1-tuple; any other iterable becomes a tuple."""
+  if isinstance(value, (int, str)) or not isinstance(value, Iterable):
+    return (value,)
+  return tuple(value)
+
+
+def check_argnums(transform: str, argument: str, value: Any, counting: str,
+                  example: int = 1) -> tuple[int, ...]:
+  """Validates an ``*_argnums`` argument; returns it as a tuple of ints."""
+  items = as_tuple(value)
+  for item in items:
+    if not isinstance(item, int) or isinstance(item, bool) or item < 0:
+      raise errors.ArgnumsError(_BAD_ARGNUM.format(
+          transform=transform, argument=argument, value=value, item=item,
+          counting=counting, example=example))
+  return items
+
+
+def check_argnames(transform: str, argument: str, value: Any) -> tuple[str, ...]:
+  items = as_tuple(value)
+  for item in items:
+    if not isinstance(item, str):
+      raise errors.ArgnumsError(_BAD_ARGNAME.format(
+          transform=transform, argument=argument, value=value, item=item))
+  return items
+
+
+def check_in_range(transform: str, argument: str, argnums: Iterable[int],
+                   count: int, counting_short: str):
+  """Raises if an index in ``argnums`` is not below ``count`` (the positional arguments passed)."""
+  for index in argnums:
+    if index >= count:
+      raise errors.ArgnumsError(_ARGNUM_OUT_OF_RANGE.format(
+          transform=transform, argument=argument, index=index, count=count,
+          counting_short=counting_short))
+
+
+def _rematted_body(fn, scope_fn, repack_fn, variable_groups, rng_groups, *args, **kwargs):
+  scope = scope_fn(variable_groups, rng_groups)
+  y = fn(scope, *args, **kwargs)
+  return y, repack_fn(scope)
+
+
+def _checkpoint_groups(fn, static_argnums, prevent_cse, policy, scope_fn, repack_fn,
+                       variable_groups, rng_groups, *args, **kwargs):
+  check_in_range('checkpoint', 'static_argnums', static_argnums, len(args), 'after the scope')
+  rematted = jax.checkpoint(
+      functools.partial(_rematted_body, fn, scope_fn, repack_fn),
+      prevent_cse=prevent_cse, policy=policy,
+      static_argnums=tuple(i + 2 for i in static_argnums))
+  return rematted(variable_groups, rng_groups, *args, **kwargs)
+
+
+def checkpoint(fn: Callable[..., Any], variables: Filter = True, rngs: Filter = True,
+               prevent_cse: bool = True, static_argnums: int | Iterable[int] = (),
+               policy: Callable[..., bool] | None = None) -> Callable[..., Any]:
+  """Lifted ``jax.checkpoint`` (alias ``remat``) of ``fn(scope, *args)``.
+
+  Values, created variables, rng draws and gradients are those of ``fn``
+  itself; only the intermediates are recomputed in the backward pass instead
+  of being stored.
+
+  Args:
+    fn: the scope function to rematerialise.
+    variables: the collections lifted in and out (default: all).
+    rngs: the rng streams available inside (default: all).
+    prevent_cse: as ``jax.checkpoint``; False is fine (and faster) inside a scan.
+    static_argnums: positions of hashable arguments to treat as static,
+      counting the first argument after the scope as 0 (as
+      ``flax.core.lift.checkpoint``).
+    policy: a ``jax.checkpoint_policies`` policy saying what may be saved.
+
+  Not needed around a whole model under ``jax.grad`` with memory to spare:
+  recomputation costs time.
+
+  >>> def dense(scope, x):
+  ...   w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1], 2))
+  ...   return jax.numpy.tanh(x @ w)
+  >>> y, variables = init(checkpoint(dense))(jax.random.key(0), jax.numpy.ones((1, 3)))
+  """
+  argnums = check_argnums('checkpoint', 'static_argnums', static_argnums,
+                          _CHECKPOINT_COUNTING, example=0)
+  inner = functools.partial(_checkpoint_groups, fn, argnums, prevent_cse, policy)
+  functools.update_wrapper(inner, fn)
+  return pack(inner, (variables,), (variables,), (rngs,), name='checkpoint')
+
+
+remat = checkpoint
+
+__all__ = ['checkpoint', 'remat']

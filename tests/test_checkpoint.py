@@ -1,0 +1,115 @@
+"""Lifted checkpoint/remat: the values, variables, rng draws and gradients of no remat."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax.core import init as flax_init, lift as flax_lift
+
+import lift
+from lift import errors
+
+from tests.scope_models import counter, dense, mlp
+
+X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
+RNGS = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
+
+
+def noisy_mlp(scope, x, remat):
+  wrap = lift.checkpoint if remat else (lambda f, **kw: f)
+  h = wrap(mlp)(scope.push('body'), x)
+  noise = wrap(lambda s, h: h + jax.random.normal(s.make_rng('dropout'), h.shape))(scope, h)
+  return jnp.sum(noise ** 2)
+
+
+def assert_trees_close(a, b, **kw):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6, **kw), a, b)
+
+
+def test_remat_equals_no_remat_values_variables_and_rngs():
+  y, variables = lift.init(noisy_mlp)(RNGS, X, False)
+  y_remat, variables_remat = lift.init(noisy_mlp)(RNGS, X, True)
+  assert_trees_close(variables, variables_remat)
+  np.testing.assert_allclose(y, y_remat, rtol=1e-6)
+
+
+def test_remat_equals_no_remat_gradients():
+  _, variables = lift.init(noisy_mlp)(RNGS, X, False)
+  def loss(params, x, remat):
+    return lift.apply(noisy_mlp)({'params': params}, x, remat, rngs=RNGS)
+  grads = jax.grad(loss, argnums=(0, 1))(variables['params'], X, False)
+  grads_remat = jax.grad(loss, argnums=(0, 1))(variables['params'], X, True)
+  assert_trees_close(grads, grads_remat)
+
+
+def test_remat_jaxpr_contains_a_checkpoint_primitive():
+  _, variables = lift.init(noisy_mlp)(RNGS, X, False)
+  def loss(params, remat):
+    return lift.apply(noisy_mlp)({'params': params}, X, remat, rngs=RNGS)
+  names = lambda remat: {e.primitive.name for e in jax.make_jaxpr(
+      lambda p: loss(p, remat))(variables['params']).jaxpr.eqns}
+  assert 'remat2' in names(True) or 'checkpoint' in names(True)
+  assert not {'remat2', 'checkpoint'} & names(False)
+
+
+def test_remat_is_checkpoint_and_matches_flax_core():
+  assert lift.remat is lift.checkpoint
+  fn = lambda scope, x: scope.child(mlp, 'm')(x)
+  y, variables = lift.init(lift.remat(fn))(RNGS, X)
+  y_flax, variables_flax = flax_init(flax_lift.remat(fn))(RNGS, X)
+  assert_trees_close(variables, jax.tree.map(jnp.asarray, dict(variables_flax)))
+  np.testing.assert_allclose(y, y_flax, rtol=1e-6)
+
+
+def test_created_variables_shape_tree():
+  _, variables = lift.init(lift.checkpoint(mlp))(RNGS, X)
+  assert jax.tree.map(jnp.shape, variables) == {'params': {
+      'hidden': {'kernel': (3, 4), 'bias': (4,)},
+      'mid': {'dense_0': {'kernel': (4, 4), 'bias': (4,)}},
+      'out': {'kernel': (4, 2), 'bias': (2,)}}}
+
+
+def test_static_argnums_count_from_the_first_argument_after_the_scope():
+  remat_dense = lift.checkpoint(dense, static_argnums=(1,))
+  y, variables = lift.init(remat_dense)(RNGS, X, 5)
+  y_plain, variables_plain = lift.init(dense)(RNGS, X, 5)
+  assert_trees_close(variables, variables_plain)
+  y_flax, _ = flax_init(flax_lift.remat(dense, static_argnums=(1,)))(RNGS, X, 5)
+  np.testing.assert_allclose(y, y_flax, rtol=1e-6)
+
+
+def scaled_dense(scope, x, *, scale):
+  return dense(scope, x, 2) * scale
+
+
+def test_keyword_arguments_and_policy():
+  remat_dense = lift.checkpoint(scaled_dense, prevent_cse=False,
+                                policy=jax.checkpoint_policies.nothing_saveable)
+  _, variables = lift.init(scaled_dense)(RNGS, X, scale=2.0)
+  def loss(params, scale, remat):
+    fn = remat_dense if remat else scaled_dense
+    return jnp.sum(lift.apply(fn)({'params': params}, X, scale=scale) ** 2)
+  assert_trees_close(jax.grad(loss, argnums=(0, 1))(variables['params'], 2.0, True),
+                     jax.grad(loss, argnums=(0, 1))(variables['params'], 2.0, False))
+
+
+def test_counter_survives_and_immutable_counter_is_rejected():
+  fn = lift.checkpoint(counter)
+  _, state = lift.apply(fn, mutable='counter')({'counter': {'count': jnp.int32(4)}}, X)
+  assert int(state['counter']['count']) == 5
+  with pytest.raises(errors.ImmutableCollectionError, match='counter'):
+    lift.apply(fn)({'counter': {'count': jnp.int32(4)}}, X)
+
+
+@pytest.mark.parametrize('bad', ['1', -1, (0, 1.5), True])
+def test_bad_static_argnums_rejected_when_built(bad):
+  with pytest.raises(errors.ArgnumsError, match='static_argnums'):
+    lift.checkpoint(dense, static_argnums=bad)
+
+
+def test_static_argnum_beyond_the_arguments_rejected_when_called():
+  fn = lift.checkpoint(dense, static_argnums=(2,))
+  with pytest.raises(errors.ArgnumsError, match='names argument 2.*only 2 positional'):
+    lift.init(fn)(RNGS, X, 2)
