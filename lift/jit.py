@@ -1,0 +1,461 @@
+"""Lifted `jit`: one compilation per structure, and the rng keys of the un-jitted program.
+
+A call is keyed by the function and the transform's settings, the static
+arguments, the scope structure, each root's mutability, rng stream names and
+flags, plus the shapes and dtypes of the variables and dynamic arguments. Rng
+counters and scope paths are not part of the key, so repeated calls (and other
+scopes with the same structure) reuse the compiled function.
+
+A key drawn inside is ``fold_in(raw, sha1(suffix, counter))``; the counter
+changes from call to call and SHA-1 cannot run on a traced value. So:
+
+1. :func:`_discover` traces the function abstractly, once per structure, with
+   zeroed counters and streams that record each draw (stream, suffix, counter
+   path below the lifted root, relative count) and the counter increments;
+2. :func:`draw_hashes` hashes every recorded draw with the absolute count
+   (outer count + relative count) outside the compiled function;
+3. the compiled function gets the hashes as an array, and its streams hand
+   them out in order as ``fold_in(key, hash)``: the un-jitted keys;
+4. the outer counters advance by the recorded increments.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import inspect
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lift import errors
+from lift._counters import CountSnapshot, EMPTY, advance, count_at, counter_roots, zeroed
+from lift.checkpoint import check_argnames, check_argnums, check_in_range
+from lift.filters import DenyList, Filter, validate_filter
+from lift.pack import pack
+from lift.rng import Foldable, RngStream
+from lift.scope import Scope
+
+_JIT_COUNTING = '(jit counts the scope as argument 0, as flax.core.lift.jit.)'
+_DONATED_STATIC = (
+    'jit: argument {index} is in both static_argnums and donate_argnums (or '
+    'named in static_argnames). A static argument is a Python value baked into '
+    'the compiled function, so there is no buffer to donate. Fix: remove {index} '
+    'from one of them.')
+_NOT_AN_ARRAY = (
+    'jit: {what} of {fn} is {value!r} (type {type}), which is not an array: '
+    '{error} Every argument that is not an array (or a pytree of arrays) must '
+    'be static. Fix: {fix}.')
+_UNHASHABLE = (
+    'jit: {what} of {fn} is {value!r}, which is not hashable ({error}). Static '
+    'values are part of the compilation cache key. Fix: pass a hashable value '
+    '(a tuple instead of a list, a frozen dataclass instead of a dict), or make '
+    'the argument dynamic.')
+_REPLAY_MISMATCH = (
+    'jit: {fn} drew rng keys differently in two traces of the same structure: '
+    'draw {index} was {expected} in the first trace and is {seen} now. lift.jit '
+    'learns the draws once per structure (argument shapes and dtypes, static '
+    'arguments, variable structure, mutability, rng streams, flags) and replays '
+    'them; draws that depend on anything else (a global, a Python random choice) '
+    'cannot be replayed. Fix: make that value a static argument '
+    '(static_argnums/static_argnames), or decide it outside the jitted function.')
+_NO_ACTIVE_CALL = (
+    "jit: lift.jit's compiled function was traced outside a call of the lifted "
+    'function (for example by lowering it directly). Fix: call the function '
+    'returned by lift.jit with a scope.')
+_DISCOVERY_CACHE_SIZE = 4096
+
+
+class _OuterSuffix:
+  """Stands for the lifted stream's suffix, which is only known at call time."""
+
+  def __repr__(self):
+    return ('<suffix of a lift.jit stream: to change a stream\'s key inside jit use '
+            'dataclasses.replace(stream, key=...), which keeps its type>')
+
+
+_OUTER = _OuterSuffix()
+
+
+def static_hash(data: Sequence[Foldable]) -> int:
+  """The 32-bit value ``lift.rng.fold_in_static`` folds in: the first 4 bytes of SHA-1."""
+  digest = hashlib.sha1()
+  for item in data:
+    if isinstance(item, str):
+      digest.update(item.encode('utf-8'))
+    else:
+      digest.update(item.to_bytes((item.bit_length() + 7) // 8, 'big'))
+  return int.from_bytes(digest.digest()[:4], 'big')
+
+
+# -- draws: recorded in one trace, replayed in the next ----------------------------
+
+class Draw(NamedTuple):
+  """One ``make_rng`` inside a jitted function."""
+  root: int
+  stream: str
+  suffix: tuple[Any, ...]  # may hold _OUTER, the lifted stream's own suffix
+  node: tuple[str, ...]  # counter path below the lifted root
+  count: int  # relative to the counter when the call starts
+
+
+class _Tape:
+  """Records the draws of one trace; when replaying, hands out their hashes in order."""
+
+  def __init__(self, fn, hashes: Any = None, expected: Sequence[Draw] = ()):
+    self.fn, self.hashes, self.expected = fn, hashes, tuple(expected)
+    self.draws: list[Draw] = []
+    self.increments: tuple[CountSnapshot, ...] = ()
+
+  def hash_of(self, draw: Draw) -> Any:
+    index = len(self.draws)
+    self.draws.append(draw)
+    if self.hashes is None:
+      return jnp.uint32(0)
+    expected = self.expected[index] if index < len(self.expected) else 'no draw'
+    if expected != draw:
+      self.mismatch(index, expected, draw)
+    return self.hashes[index]
+
+  def check_complete(self):
+    if len(self.draws) < len(self.expected):
+      self.mismatch(len(self.draws), self.expected[len(self.draws)], 'no draw')
+
+  def mismatch(self, index, expected, seen):
+    raise errors.RngReplayError(_REPLAY_MISMATCH.format(
+        fn=_name(self.fn), index=index, expected=expected, seen=seen))
+
+
+@dataclasses.dataclass(frozen=True)
+class TapeStream(RngStream):
+  """A stream inside a jitted function: draws go through a tape instead of hashing."""
+  stream: str = ''
+  root: int = 0
+  node: tuple[str, ...] = ()
+  tape: Any = None
+
+  def child(self, name: str) -> 'TapeStream':
+    return dataclasses.replace(self, suffix=self.suffix + (name,), node=self.node + (name,))
+
+  def draw(self, count: int) -> jax.Array:
+    draw = Draw(self.root, self.stream, self.suffix, self.node, count)
+    return jax.random.fold_in(self.key, self.tape.hash_of(draw))
+
+
+jax.tree_util.register_dataclass(
+    TapeStream, data_fields=['key'], meta_fields=['suffix', 'stream', 'root', 'node', 'tape'])
+
+
+def draw_hashes(draws: Sequence[Draw], streams: Sequence[dict[str, RngStream]],
+                nodes: Sequence[Any]) -> np.ndarray:
+  """The hash of every draw at the outer scopes' current suffixes and counters."""
+  values = []
+  for draw in draws:
+    outer = streams[draw.root][draw.stream].suffix
+    suffix = tuple(item for x in draw.suffix for item in (outer if x is _OUTER else (x,)))
+    count = count_at(nodes[draw.root], draw.node, draw.stream) + draw.count
+    values.append(static_hash(suffix + (count,)))
+  return np.asarray(values, dtype=np.uint32)
+
+
+# -- the cache key ----------------------------------------------------------------------
+
+class _Config(NamedTuple):
+  """What ``lift.jit(...)`` was given; equal configs share compiled functions."""
+  fn: Callable[..., Any]
+  variables: Filter
+  rngs: Filter
+  static_positions: frozenset[int]  # positions in args (after the scope)
+  static_names: frozenset[str]
+  donate_positions: tuple[int, ...]
+
+
+class _RootKey(NamedTuple):
+  mutable: Filter
+  rngs: tuple[str, ...]
+  flags: tuple[tuple[str, Any], ...]
+
+
+class CallKey(NamedTuple):
+  """Everything static about one call: the jit cache key without the array types."""
+  config: _Config
+  n_args: int
+  static_args: tuple[tuple[int, Any], ...]
+  static_kwargs: tuple[tuple[str, Any], ...]
+  scope_treedef: Any
+  scope_paths: tuple[tuple[int, tuple[str, ...]], ...]
+  roots: tuple[_RootKey, ...]
+
+
+class _SplitCall(NamedTuple):
+  static_args: tuple[tuple[int, Any], ...]
+  static_kwargs: tuple[tuple[str, Any], ...]
+  dyn_args: tuple[Any, ...]
+  dyn_kwargs: dict[str, Any]
+
+
+def _name(fn: Any) -> str:
+  return getattr(fn, '__qualname__', None) or repr(fn)
+
+
+def _hashable_filter(f: Filter) -> Filter:
+  if f is True or f is False or isinstance(f, DenyList):
+    return f
+  return frozenset({f}) if isinstance(f, str) else frozenset(f)
+
+
+def _check_hashable(fn, what: str, value: Any):
+  try:
+    hash(value)
+  except TypeError as error:
+    raise errors.JitArgumentError(_UNHASHABLE.format(
+        what=what, fn=_name(fn), value=value, error=error)) from None
+
+
+def _split_call(config: _Config, args: tuple, kwargs: dict) -> _SplitCall:
+  static_args = tuple((i, args[i]) for i in sorted(config.static_positions) if i < len(args))
+  static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if k in config.static_names))
+  for i, value in static_args:
+    _check_hashable(config.fn, f'static argument {i + 1}', value)
+  for name, value in static_kwargs:
+    _check_hashable(config.fn, f'static argument {name!r}', value)
+  dyn_args = tuple(a for i, a in enumerate(args) if i not in config.static_positions)
+  dyn_kwargs = {k: v for k, v in kwargs.items() if k not in config.static_names}
+  return _SplitCall(static_args, static_kwargs, dyn_args, dyn_kwargs)
+
+
+def _merge_call(key: CallKey, dyn_args: tuple, dyn_kwargs: dict) -> tuple[list, dict]:
+  static = dict(key.static_args)
+  rest = iter(dyn_args)
+  args = [static[i] if i in static else next(rest) for i in range(key.n_args)]
+  return args, {**dyn_kwargs, **dict(key.static_kwargs)}
+
+
+def _roots(scope_tree: Any) -> tuple[list[Scope], Any, list[Scope]]:
+  leaves, treedef = jax.tree.flatten(scope_tree, is_leaf=lambda x: isinstance(x, Scope))
+  roots: dict[int, Scope] = {}
+  for leaf in leaves:
+    roots.setdefault(id(leaf.root), leaf.root)
+  return leaves, treedef, list(roots.values())
+
+
+def _call_key(config: _Config, call: _SplitCall, n_args: int, scope_tree: Any) -> CallKey:
+  leaves, treedef, roots = _roots(scope_tree)
+  index = {id(root): i for i, root in enumerate(roots)}
+  paths = tuple((index[id(s.root)], s.path[len(s.root.path):]) for s in leaves)
+  root_keys = []
+  for root in roots:
+    flags = tuple(sorted(root.flags.items()))
+    _check_hashable(config.fn, 'a scope flag', flags)
+    root_keys.append(_RootKey(_hashable_filter(root.mutable), tuple(sorted(root.rngs)), flags))
+  return CallKey(config, n_args, call.static_args, call.static_kwargs, treedef, paths,
+                 tuple(root_keys))
+
+
+def _types(fn, label: str, tree: Any) -> tuple[Any, ...]:
+  """Shape, dtype and weak type of every leaf; a non-array leaf is an error naming it."""
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+  types = []
+  for path, leaf in leaves:
+    try:
+      types.append(jax.typeof(leaf))
+    except TypeError as error:
+      what = f'{label}{jax.tree_util.keystr(path)}'
+      fix = ('list it in static_argnames' if label == 'keyword arguments' else
+             'list its position in static_argnums (the scope is 0)')
+      raise errors.JitArgumentError(_NOT_AN_ARRAY.format(
+          what=what, fn=_name(fn), value=leaf, type=type(leaf).__name__,
+          error=error, fix=fix)) from None
+  return treedef, tuple(types)
+
+
+# -- tracing ---------------------------------------------------------------------------------
+
+class _Recorded(NamedTuple):
+  """What one structure's call draws, and how far it advances each root's counters."""
+  draws: tuple[Draw, ...]
+  increments: tuple[CountSnapshot, ...]
+
+
+class _ActiveCall(NamedTuple):
+  scope_fn: Callable[..., Any]
+  repack_fn: Callable[..., Any]
+  draws: tuple[Draw, ...]
+
+
+class _CallStack(threading.local):
+  def __init__(self):
+    self.calls: list[_ActiveCall] = []
+
+
+_ACTIVE = _CallStack()
+_RECORDED: collections.OrderedDict[Any, _Recorded] = collections.OrderedDict()
+
+
+@contextlib.contextmanager
+def _active(call: _ActiveCall):
+  _ACTIVE.calls.append(call)
+  try:
+    yield
+  finally:
+    _ACTIVE.calls.pop()
+
+
+def _traced_call(key: CallKey, scope_fn, repack_fn, tape: _Tape, variable_groups,
+                 raw_keys, dyn_args, dyn_kwargs):
+  """Runs the function on tape streams with zeroed counters; the tape records increments."""
+  rng_groups = (tuple({name: TapeStream(k, (_OUTER,), name, r, (), tape) for name, k in keys.items()}
+                      for r, keys in enumerate(raw_keys)),)
+  scope_tree = scope_fn(variable_groups, rng_groups)
+  args, kwargs = _merge_call(key, dyn_args, dyn_kwargs)
+  with zeroed(counter_roots(scope_tree)) as increments:
+    y = key.config.fn(scope_tree, *args, **kwargs)
+    out_groups = repack_fn(scope_tree)
+  tape.increments = tuple(increments)
+  return y, out_groups
+
+
+def _discover(key: CallKey, scope_fn, repack_fn, dynamic: tuple) -> _Recorded:
+  if not any(dynamic[1]):  # no rng streams: nothing to draw
+    return _Recorded((), (EMPTY,) * len(key.roots))
+  tape = _Tape(key.config.fn)
+  jax.eval_shape(functools.partial(_traced_call, key, scope_fn, repack_fn, tape), *dynamic)
+  return _Recorded(tuple(tape.draws), tape.increments)
+
+
+def _recorded(key: CallKey, scope_fn, repack_fn, dynamic: tuple) -> _Recorded:
+  variable_groups, raw_keys, dyn_args, dyn_kwargs = dynamic
+  fn = key.config.fn
+  signature = (_types(fn, 'the variables', (variable_groups, raw_keys)),
+               _types(fn, 'positional arguments', dyn_args),
+               _types(fn, 'keyword arguments', dyn_kwargs))
+  cache_key = (key, signature)
+  if cache_key in _RECORDED:
+    _RECORDED.move_to_end(cache_key)
+    return _RECORDED[cache_key]
+  recorded = _discover(key, scope_fn, repack_fn, dynamic)
+  _RECORDED[cache_key] = recorded
+  if len(_RECORDED) > _DISCOVERY_CACHE_SIZE:
+    _RECORDED.popitem(last=False)
+  return recorded
+
+
+def _jit_body(key: CallKey, variable_groups, raw_keys, hashes, dyn_kwargs, *dyn_args):
+  if not _ACTIVE.calls:
+    raise errors.LiftError(_NO_ACTIVE_CALL)
+  call = _ACTIVE.calls[-1]
+  tape = _Tape(key.config.fn, hashes, call.draws)
+  result = _traced_call(key, call.scope_fn, call.repack_fn, tape, variable_groups,
+                        raw_keys, dyn_args, dyn_kwargs)
+  tape.check_complete()
+  return result
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(donate: tuple[int, ...]) -> Callable[..., Any]:
+  # Arguments of _jit_body before the dynamic positional ones: key, variables, keys, hashes, kwargs.
+  return jax.jit(_jit_body, static_argnums=0, donate_argnums=tuple(5 + i for i in donate))
+
+
+def _inside_jit_trace(rng_groups) -> bool:
+  return any(isinstance(s, TapeStream)
+             for group in rng_groups for streams in group for s in streams.values())
+
+
+def _jit_groups(config: _Config, scope_fn, repack_fn, variable_groups, rng_groups,
+                *args, **kwargs):
+  scope_tree = scope_fn(variable_groups, rng_groups)
+  if _inside_jit_trace(rng_groups):  # already compiled as part of an outer lift.jit
+    return config.fn(scope_tree, *args, **kwargs), repack_fn(scope_tree)
+  check_in_range('jit', 'donate_argnums', (i + 1 for i in config.donate_positions),
+                 len(args) + 1, 'including the scope')
+  call = _split_call(config, args, kwargs)
+  key = _call_key(config, call, len(args), scope_tree)
+  streams = rng_groups[0]
+  raw_keys = tuple({name: s.key for name, s in group.items()} for group in streams)
+  recorded = _recorded(key, scope_fn, repack_fn,
+                       (variable_groups, raw_keys, call.dyn_args, call.dyn_kwargs))
+  nodes = [root.rng_counters for root in _roots(scope_tree)[2]]
+  hashes = draw_hashes(recorded.draws, streams, nodes)
+  donate = tuple(p - sum(s < p for s in config.static_positions) for p in config.donate_positions)
+  with _active(_ActiveCall(scope_fn, repack_fn, recorded.draws)):
+    y, out_groups = _compiled(donate)(key, variable_groups, raw_keys, hashes,
+                                      call.dyn_kwargs, *call.dyn_args)
+  for node, increments in zip(nodes, recorded.increments):
+    advance(node, increments)
+  return y, out_groups
+
+
+# -- building -----------------------------------------------------------------------------------
+
+def _positional_names(fn: Callable[..., Any]) -> list[str]:
+  """Names of ``fn``'s positional parameters after the scope, where it has them."""
+  try:
+    parameters = list(inspect.signature(fn).parameters.values())[1:]
+  except (TypeError, ValueError):
+    return []
+  kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+  return [p.name for p in parameters if p.kind in kinds]
+
+
+def _config(fn, variables, rngs, static_argnums, static_argnames, donate_argnums) -> _Config:
+  static_nums = check_argnums('jit', 'static_argnums', static_argnums, _JIT_COUNTING)
+  names = set(check_argnames('jit', 'static_argnames', static_argnames))
+  donate_nums = check_argnums('jit', 'donate_argnums', donate_argnums, _JIT_COUNTING)
+  positional = _positional_names(fn)
+  # As jax.jit: a static position also makes its parameter name static, and vice versa.
+  positions = {i - 1 for i in static_nums if i > 0}
+  positions |= {positional.index(n) for n in names if n in positional}
+  names |= {positional[p] for p in positions if p < len(positional)}
+  donate = sorted({i - 1 for i in donate_nums if i > 0})
+  for p in donate:
+    if p in positions:
+      raise errors.ArgnumsError(_DONATED_STATIC.format(index=p + 1))
+  return _Config(fn, _hashable_filter(validate_filter(variables)),
+                 _hashable_filter(validate_filter(rngs)), frozenset(positions),
+                 frozenset(names), tuple(donate))
+
+
+def jit(fn: Callable[..., Any], variables: Filter = True, rngs: Filter = True,
+        static_argnums: int | Iterable[int] = (), static_argnames: str | Iterable[str] = (),
+        donate_argnums: int | Iterable[int] = ()) -> Callable[..., Any]:
+  """Lifted ``jax.jit`` of ``fn(scope, *args)``.
+
+  Compiles once per distinct (argument shapes and dtypes, static arguments,
+  variable structure, mutability, rng streams present); repeated calls, calls
+  on other scopes of the same structure, and re-wrapping the same ``fn`` reuse
+  the compiled function. Rng streams draw exactly the keys they draw without
+  jit, and the counters advance as without jit.
+
+  Args:
+    fn: the scope function to compile.
+    variables: the collections lifted in and out (default: all).
+    rngs: the rng streams available inside (default: all).
+    static_argnums: positions of hashable arguments to treat as static, with
+      the scope as 0 (as ``flax.core.lift.jit``).
+    static_argnames: names of keyword arguments to treat as static.
+    donate_argnums: positions (scope = 0) of arguments whose buffers XLA may
+      reuse for the outputs.
+
+  A new structure costs one abstract trace (to learn the rng draws) and one
+  compiling trace. Not worth it around a function that is already inside a
+  ``jax.jit``: there it is inlined.
+
+  >>> def dense(scope, x):
+  ...   w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1], 2))
+  ...   return x @ w
+  >>> y, variables = init(jit(dense))(jax.random.key(0), jax.numpy.ones((1, 3)))
+  """
+  config = _config(fn, variables, rngs, static_argnums, static_argnames, donate_argnums)
+  inner = functools.partial(_jit_groups, config)
+  functools.update_wrapper(inner, fn)
+  return pack(inner, (variables,), (variables,), (rngs,), name='jit')
+
+
+__all__ = ['jit', 'CallKey', 'Draw', 'TapeStream', 'draw_hashes', 'static_hash']
