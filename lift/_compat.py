@@ -56,7 +56,8 @@ def define_primitive_rules(prim: Primitive, *, impl, abstract_eval, jvp,
   """Registers evaluation, lowering, JVP and batching rules of `prim`.
 
   `jvp(primals, tangents, **params)` receives instantiated (dense) tangents;
-  `batch(args, dims, **params)` receives `None` for unbatched arguments.
+  `batch(args, dims, **params) -> (outs, out_dims)` receives `None` for
+  unbatched arguments.
   """
   prim.multiple_results = True
   prim.def_impl(impl)
@@ -67,9 +68,5 @@ def define_primitive_rules(prim: Primitive, *, impl, abstract_eval, jvp,
     tangents = [_ad.instantiate_zeros(t) for t in tangents]
     return jvp(primals, tangents, **params)
 
-  def batch_rule(args, dims, **params):
-    dims = [None if d is _batching.not_mapped else d for d in dims]
-    return batch(args, dims, **params)
-
   _ad.primitive_jvps[prim] = dense_jvp
-  _batching.primitive_batchers[prim] = batch_rule
+  _batching.primitive_batchers[prim] = batch

@@ -101,14 +101,14 @@ def _convert(g, example_xs, prefill) -> Prefilled:
   length = _input_length(leaves)
   prefix_leaves = _prefill_leaves(leaves, in_tree, length, prefill)
   offset = 0 if prefill is None else prefix_leaves[0].shape[0]
-  avals = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in leaves]
-  flat_g = functools.partial(_flat_call, g, in_tree)
-  closed, out_shapes = jax.make_jaxpr(flat_g, return_shape=True)(*avals)
-  out_tree = jax.tree.structure(out_shapes[1])
-  _check_output_shapes(out_shapes[0], length)
+  shapes = jax.tree.unflatten(in_tree, [
+      jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in leaves])
+  closed, out_shapes = jax.make_jaxpr(g, return_shape=True)(shapes)
+  out_shapes, out_tree = jax.tree.flatten(out_shapes)
+  _check_output_shapes(out_shapes, length)
   program = interpreter.convert(
       closed.jaxpr, closed.consts, [Stream(0, offset)] * len(leaves),
-      [None] * len(leaves), out_offsets=[offset] * len(out_shapes[0]))
+      [None] * len(leaves), out_offsets=[offset] * len(out_shapes))
   _check_output_infos(program)
   states, outs = interpreter.run_prefill(program, prefix_leaves)
   outs = [out if isinstance(info, Stream) else out[:offset]
@@ -116,11 +116,6 @@ def _convert(g, example_xs, prefill) -> Prefilled:
   carry = ScanCarry(jnp.zeros((), jnp.int32), states)
   f = functools.partial(_step, program, in_tree, out_tree, offset)
   return Prefilled(f, carry, jax.tree.unflatten(out_tree, outs))
-
-
-def _flat_call(g, in_tree, *leaves):
-  out = g(jax.tree.unflatten(in_tree, leaves))
-  return jax.tree.leaves(out), out
 
 
 def _input_length(leaves) -> int:
