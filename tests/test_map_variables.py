@@ -1,0 +1,136 @@
+"""Lifted map_variables and swap_collection: the hand-written program on mapped variables."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax.core import apply as flax_apply, init as flax_init, lift as flax_lift
+
+import lift
+from lift import errors
+
+from tests.scope_models import counter
+
+X = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
+RNGS = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
+
+
+def assert_trees_close(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6), a, b)
+
+
+def linear(scope, x, features):
+  kernel = scope.param('kernel', jax.nn.initializers.lecun_normal(), (x.shape[-1], features))
+  return x @ kernel
+
+
+def transpose(collections):
+  return jax.tree.map(lambda a: a.T, collections)
+
+
+def tied_autoencoder(scope, x, latents, map_variables=lift.map_variables):
+  """The decoder is the encoder's kernel, transposed on the way in (and back out)."""
+  codec = scope.push('codec')
+  encode = map_variables(linear, 'params', mutable=True)
+  decode = map_variables(linear, 'params', transpose, transpose, mutable=True)
+  z = jnp.tanh(encode(codec, x, latents))
+  return decode(codec, z, x.shape[-1])
+
+
+def test_tied_autoencoder_equals_the_hand_written_program():
+  y, variables = lift.init(tied_autoencoder)(RNGS, X, 3)
+  assert jax.tree.map(jnp.shape, variables) == {'params': {'codec': {'kernel': (4, 3)}}}
+  kernel = variables['params']['codec']['kernel']
+  np.testing.assert_allclose(y, jnp.tanh(X @ kernel) @ kernel.T, rtol=1e-6)
+  _, plain = lift.init(lambda s, x: linear(s.push('codec'), x, 3))(RNGS, X)
+  assert_trees_close(variables, plain)  # no transform changes the initial values
+  np.testing.assert_allclose(lift.apply(tied_autoencoder)(variables, X, 3), y, rtol=1e-6)
+
+
+def test_tied_autoencoder_gradients_flow_into_the_one_kernel():
+  _, variables = lift.init(tied_autoencoder)(RNGS, X, 3)
+  loss = lambda p: jnp.sum(lift.apply(tied_autoencoder)({'params': p}, X, 3) ** 2)
+  by_hand = lambda k: jnp.sum((jnp.tanh(X @ k) @ k.T) ** 2)
+  np.testing.assert_allclose(jax.grad(loss)(variables['params'])['codec']['kernel'],
+                             jax.grad(by_hand)(variables['params']['codec']['kernel']),
+                             rtol=1e-5)
+
+
+def test_tied_autoencoder_matches_flax_core():
+  y, variables = lift.init(tied_autoencoder)(RNGS, X, 3)
+  y_flax, variables_flax = flax_init(tied_autoencoder)(RNGS, X, 3, flax_lift.map_variables)
+  assert_trees_close(variables, dict(variables_flax))
+  np.testing.assert_allclose(y, y_flax, rtol=1e-6)
+
+
+def test_init_creates_the_mapped_collection_in_stored_form():
+  decoder = lift.map_variables(linear, 'params', transpose, transpose, init=True)
+  y, variables = lift.init(decoder)(RNGS, X, 3)
+  assert jax.tree.map(jnp.shape, variables) == {'params': {'kernel': (3, 4)}}
+  _, plain = lift.init(linear)(RNGS, X, 3)  # what the view would have been
+  np.testing.assert_allclose(variables['params']['kernel'], plain['params']['kernel'].T)
+  np.testing.assert_allclose(y, X @ variables['params']['kernel'].T, rtol=1e-6)
+  flax_decoder = flax_lift.map_variables(linear, 'params', transpose, transpose, init=True)
+  _, variables_flax = flax_init(flax_decoder)(RNGS, X, 3)
+  assert_trees_close(variables, dict(variables_flax))
+  np.testing.assert_allclose(lift.apply(decoder)(variables, X, 3),
+                             flax_apply(flax_decoder)(variables, X, 3), rtol=1e-6)
+
+
+def test_init_pass_rewinds_the_rngs():
+  def noisy(scope, x):
+    return linear(scope, x, 3) + jax.random.normal(scope.make_rng('dropout'), (2, 3))
+  mapped = lift.map_variables(noisy, 'params', init=True)
+  np.testing.assert_allclose(lift.init(mapped)(RNGS, X)[0], lift.init(noisy)(RNGS, X)[0],
+                             rtol=1e-6)
+
+
+def test_without_init_or_mutable_the_mapped_collection_cannot_be_created():
+  with pytest.raises(errors.MissingCollectionError, match='params'):
+    lift.init(lift.map_variables(linear, 'params', transpose))(RNGS, X, 3)
+
+
+def test_mapped_collection_is_read_only_unless_mutable():
+  def bump(scope):
+    scope.put_variable('params', 'w', scope.get_variable('params', 'w') + 1)
+  variables = {'params': {'w': jnp.ones(2)}}
+  with pytest.raises(errors.ImmutableCollectionError, match='params'):
+    lift.apply(lift.map_variables(bump, 'params'), mutable=True)(variables)
+  double = lambda c: jax.tree.map(lambda a: 2 * a, c)
+  halve = lambda c: jax.tree.map(lambda a: a / 2, c)
+  _, out = lift.apply(lift.map_variables(bump, 'params', double, halve, mutable=True),
+                      mutable=True)(variables)
+  np.testing.assert_allclose(out['params']['w'], 1.5)  # (2 * 1 + 1) / 2
+
+
+def test_swap_collection():
+  def step(scope):
+    a = scope.get_variable('a', 'x')
+    scope.put_variable('b', 'x', a + 10)
+    return a
+  variables = {'a': {'x': jnp.float32(1)}, 'b': {'x': jnp.float32(2)}}
+  y, out = lift.apply(lift.swap_collection(step, 'a', 'b'), mutable=True)(variables)
+  assert float(y) == 2  # 'a' inside is 'b' outside
+  assert float(out['a']['x']) == 12 and float(out['b']['x']) == 2
+  y_flax, out_flax = flax_apply(flax_lift.swap_collection(step, 'a', 'b'), mutable=True)(variables)
+  assert_trees_close(out, dict(out_flax))
+
+
+@pytest.mark.parametrize('transform', [
+    lambda f: lift.map_variables(f, 'params', transpose),
+    lambda f: lift.map_variables(f, 'params', transpose, transpose, mutable=True),
+    lambda f: lift.swap_collection(f, 'a', 'b')])
+def test_counter_survives_and_immutable_counter_is_rejected(transform):
+  fn = transform(counter)
+  variables = {'counter': {'count': jnp.int32(4)}, 'params': {'w': jnp.ones((2, 2))}}
+  _, state = lift.apply(fn, mutable='counter')(variables, X)
+  assert int(state['counter']['count']) == 5
+  with pytest.raises(errors.ImmutableCollectionError, match='counter'):
+    lift.apply(fn)(variables, X)
+
+
+def test_invalid_mapped_collections_filter():
+  with pytest.raises(errors.InvalidFilterError):
+    lift.map_variables(linear, 3)
