@@ -15,7 +15,7 @@ POLICIES = [
     ScanCheckpointPolicy(nested=5),
     ScanCheckpointPolicy(nested=1),
     ScanCheckpointPolicy(save_block_internals=["h"]),
-    ScanCheckpointPolicy(save_block_internals=["h"], nested=True),
+    ScanCheckpointPolicy(save_carries="offload", nested=True),
     ScanCheckpointPolicy(offload_block_internals=["h"], save_carries="offload"),
     ScanCheckpointPolicy(save_block_internals=True, offload_block_internals=["h"]),
     ScanCheckpointPolicy(prevent_cse=True),
@@ -191,3 +191,41 @@ def test_checkpoint_name_tags_array_leaves_only():
   named = jax.make_jaxpr(lambda a: loops.checkpoint_name(dict(tree, a=a), "z")["a"])(tree["a"])
   assert str(named).count("name=z") == 1
   assert loops.checkpoint_name(tree, "z")["s"] == "static"
+
+
+NESTED = [ScanCheckpointPolicy(nested=3), "nested"]
+
+
+@pytest.mark.parametrize("remat", NESTED, ids=str)
+def test_nested_with_integer_leaves_and_closed_over_parameters(remat):
+  scale = jnp.float32(1.5)
+
+  def counting(carry, x):
+    h, count = carry
+    h = jnp.tanh(h * scale + x["v"] * x["k"].astype(jnp.float32))
+    return (h, count + x["k"]), {"h": h, "count": count}
+
+  def loss(h0, v, scale_, remat):
+    nonlocal scale
+    scale = scale_
+    xs = {"v": v, "k": jnp.arange(1, 11, dtype=jnp.int32)}
+    (h, count), ys = loops.run_scan(counting, (h0, jnp.int32(0)), xs, remat=remat)
+    return jnp.sum(h) + jnp.sum(ys["h"] ** 2) + count.astype(jnp.float32)
+
+  args = (jnp.ones(3), jnp.linspace(-1.0, 1.0, 30).reshape(10, 3), jnp.float32(0.7))
+  got = jax.grad(loss, (0, 1, 2))(*args, remat)
+  want = jax.grad(loss, (0, 1, 2))(*args, False)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("remat", NESTED, ids=str)
+def test_nested_second_order_vmap_and_python_float_init(remat):
+  xs = jnp.linspace(0.1, 1.0, 7)
+  f = lambda c0, remat: jnp.sum(loops.run_scan(
+      lambda c, x: (jnp.sin(c * x), c), c0, xs, remat=remat)[1])
+  np.testing.assert_allclose(jax.grad(jax.grad(f))(0.3, remat),
+                             jax.grad(jax.grad(f))(0.3, False), rtol=1e-5)
+  batched = jax.vmap(jax.grad(f), in_axes=(0, None))
+  np.testing.assert_allclose(batched(jnp.linspace(0.0, 1.0, 4), remat),
+                             batched(jnp.linspace(0.0, 1.0, 4), False), rtol=1e-5)

@@ -44,6 +44,12 @@ def test_nested_must_be_bool_or_positive_int():
     ScanCheckpointPolicy(nested=0)
 
 
+def test_nested_with_options_it_cannot_honour():
+  with pytest.raises(RematPolicyError,
+                     match=r"nested=True, save_block_internals=\('h',\)\).*Fix: drop save_block_internals"):
+    ScanCheckpointPolicy(nested=True, save_block_internals=["h"])
+
+
 def test_more_nested_blocks_than_steps():
   scan = loops.scan(add, remat=ScanCheckpointPolicy(nested=9))
   with pytest.raises(RematPolicyError,

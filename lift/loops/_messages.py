@@ -28,6 +28,14 @@ NESTED_FIELD = (
     "True (the engine picks the block count) or a positive int (the number of "
     "outer blocks). Fix: nested=True or nested=4.")
 
+NESTED_FIELDS = (
+    "ScanCheckpointPolicy(nested={nested!r}, {fields}) asks for what a nested "
+    "loop cannot do: it recomputes each step right before differentiating it, "
+    "so no step internal is kept between the passes, and it reads inputs from "
+    "xs without copying them. Of the other options only save_carries='offload' "
+    "applies to nested loops. Fix: drop {names}, or use nested=False to keep "
+    "named internals.")
+
 NESTED_TOO_MANY = (
     "remat: nested={blocks} outer blocks for a loop of {length} steps. Every "
     "outer block runs at least one step, so there cannot be more blocks than "

@@ -75,8 +75,9 @@ def run_scan(body: Callable[[Any, Any], tuple[Any, Any]], init: Any, xs: Any, *,
   if policy is None:
     return lax.scan(body, init, xs, length=steps, reverse=reverse, unroll=unroll)
   policy = on_this_backend(policy)
-  step = checkpoint_step(body, policy)
   if policy.nested and steps:
     plan = plan_blocks(steps, policy.nested)
-    return nested_scan(step, init, xs, plan, policy, reverse=reverse, unroll=unroll)
+    return nested_scan(body, init, xs, plan, reverse=reverse, unroll=unroll,
+                       offload_carries=policy.save_carries == "offload")
+  step = checkpoint_step(body, policy)
   return lax.scan(step, init, xs, length=steps, reverse=reverse, unroll=unroll)

@@ -20,12 +20,9 @@ from jax.ad_checkpoint import checkpoint_name as _jax_checkpoint_name
 from lift.errors import RematPolicyError
 from lift.loops import _messages
 
-# Names the engine gives to step roots and block roots. Distinct names keep a
-# nested policy's outer blocks from saving the inner steps' values.
+# Names the engine gives to a step's roots when they are offloaded.
 CARRY_NAME = "lift.loops.carry"
 INPUT_NAME = "lift.loops.input"
-BLOCK_CARRY_NAME = "lift.loops.block_carry"
-BLOCK_INPUT_NAME = "lift.loops.block_input"
 
 Remat = Union[bool, str, "ScanCheckpointPolicy"]
 
@@ -56,7 +53,10 @@ class ScanCheckpointPolicy:
     offload_block_internals: names whose values are kept in host memory.
     nested: False, True (about sqrt(N) outer blocks) or the number of outer
       blocks; only the carries entering blocks are kept, and a block's steps
-      are recomputed in the backward pass.
+      are recomputed in the backward pass (see `lift.loops.nested`). Under
+      nested, inputs are read from `xs` and never copied, steps are
+      differentiated one at a time, and of the other fields only
+      `save_carries='offload'` (block carries in host memory) has an effect.
     prevent_cse: passed to `jax.checkpoint`; a scan already prevents CSE.
 
   >>> ScanCheckpointPolicy(save_block_internals=["attn"]).nested
@@ -83,12 +83,24 @@ class ScanCheckpointPolicy:
     self._check_overlap()
     if not (isinstance(self.nested, int) and (isinstance(self.nested, bool) or self.nested > 0)):
       raise RematPolicyError(_messages.NESTED_FIELD.format(value=self.nested))
+    if self.nested:
+      self._check_nested_fields()
 
   def _check_overlap(self):
     saved = self.save_block_internals if not isinstance(self.save_block_internals, bool) else ()
     both = sorted(set(saved) & set(self.offload_block_internals))
     if both:
       raise RematPolicyError(_messages.NAMES_OVERLAP.format(names=both))
+
+  def _check_nested_fields(self):
+    ignored = {"save_inputs": self.save_inputs == "offload",
+               "save_block_internals": self.save_block_internals is not False,
+               "offload_block_internals": bool(self.offload_block_internals)}
+    names = [name for name, bad in ignored.items() if bad]
+    if names:
+      fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in names)
+      raise RematPolicyError(_messages.NESTED_FIELDS.format(
+          nested=self.nested, fields=fields, names=", ".join(names)))
 
   @property
   def offloads(self) -> bool:
@@ -203,15 +215,10 @@ def _jax_policy(saved: Sequence[str], offloaded: Sequence[str],
   return _offload_or_save(offload) if save_everything else offload
 
 
-def _offloaded_roots(policy: ScanCheckpointPolicy, carry_name: str,
-                     input_name: str) -> list[str]:
-  names = [carry_name] if policy.save_carries == "offload" else []
-  return names + ([input_name] if policy.save_inputs == "offload" else [])
-
-
 def step_policy(policy: ScanCheckpointPolicy) -> Callable[..., Any]:
   """The `jax.checkpoint` policy of one loop step (see the note's table)."""
-  offloaded = _offloaded_roots(policy, CARRY_NAME, INPUT_NAME)
+  offloaded = [CARRY_NAME] if policy.save_carries == "offload" else []
+  offloaded += [INPUT_NAME] if policy.save_inputs == "offload" else []
   offloaded += list(policy.offload_block_internals)
   internals = policy.save_block_internals
   if isinstance(internals, bool):
@@ -219,18 +226,7 @@ def step_policy(policy: ScanCheckpointPolicy) -> Callable[..., Any]:
   return _jax_policy(internals, offloaded)
 
 
-def block_policy(policy: ScanCheckpointPolicy) -> Callable[..., Any]:
-  """The `jax.checkpoint` policy of one outer block of a nested loop.
-
-  Only the block's roots may be kept; everything inside the block, the inner
-  steps' carries included, is recomputed.
-  """
-  return _jax_policy((), _offloaded_roots(policy, BLOCK_CARRY_NAME, BLOCK_INPUT_NAME))
-
-
-def checkpoint_step(body: Callable, policy: ScanCheckpointPolicy, *,
-                    carry_name: str = CARRY_NAME, input_name: str = INPUT_NAME,
-                    jax_policy: Callable[..., Any] | None = None) -> Callable:
+def checkpoint_step(body: Callable, policy: ScanCheckpointPolicy) -> Callable:
   """`body(carry, x)` under `jax.checkpoint`, its roots tagged for offloading.
 
   Roots kept on device are not tagged: a tagged copy of `x` would be stacked
@@ -241,10 +237,9 @@ def checkpoint_step(body: Callable, policy: ScanCheckpointPolicy, *,
 
   def tagged(carry, x):
     if offload_carry:
-      carry = checkpoint_name(carry, carry_name)
+      carry = checkpoint_name(carry, CARRY_NAME)
     if offload_input:
-      x = checkpoint_name(x, input_name)
+      x = checkpoint_name(x, INPUT_NAME)
     return body(carry, x)
 
-  return jax.checkpoint(tagged, prevent_cse=policy.prevent_cse,
-                        policy=jax_policy or step_policy(policy))
+  return jax.checkpoint(tagged, prevent_cse=policy.prevent_cse, policy=step_policy(policy))
