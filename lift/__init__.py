@@ -15,5 +15,7 @@ from lift.functional import apply, bind, init
 from lift.pack import pack
 from lift.rng import RngStream
 from lift.scope import Scope, Variable
+from lift.scan import broadcast, remat_scan, scan
+from lift.vmap import vmap
 
 _compat.hide_from_tracebacks(__file__)

@@ -1,0 +1,484 @@
+"""Lifted `scan` and `remat_scan`: a loop whose steps see carried, scanned and broadcast variables.
+
+A step is ``fn(scope, carry, *xs) -> (carry, ys)``. Per collection, variables
+are *scanned* (``variable_axes``: step ``i`` sees slice ``i``; what it writes is
+stacked), *carried* (``variable_carry``: step ``i`` sees what step ``i - 1``
+wrote) or *broadcast* (``variable_broadcast``: every step sees the values from
+before the loop; what a step writes must not depend on the carry or the scanned
+inputs, and is returned). The loop itself is `lift.loops.run_scan`, so ``remat``
+means what it means for every loop of the project.
+
+Before the loop, the step is traced once without running it (``make_jaxpr``)
+to learn what it writes. That trace finds broadcast values that depend on the
+loop, and carry variables that the step creates (as during init); then the
+first step runs on its own before the loop, exactly as the unrolled Python loop
+would run it, and the loop runs the others. notes/0002-lifted-transforms.md
+states the semantics as equations.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax.core import meta
+from jax.extend.core import Literal, Var
+
+from lift import _compat, _counters, errors, loops
+from lift.filters import Filter
+from lift.metadata import add_group_axes, move_axis, remove_group_axes
+from lift.pack import pack
+from lift.rng import RngCounters
+from lift.vmap import (check_axis_leaves, check_size, check_split_rngs,
+                       check_variable_axes, infer_axis_size, leaf_axes,
+                       mapped_arguments, mapped_variables, path_text,
+                       split_rng_groups)
+
+_DEPENDS_ON_LOOP = (
+    'scan: these values are loop-invariant (a broadcast variable, or an output '
+    'with out_axes=lift.broadcast) but depend on the carry, on the scanned '
+    'inputs or on a split rng stream:\n{labels}\nA broadcast value is computed '
+    'once for all steps, so it cannot change from step to step. Fix: compute '
+    'it from values outside the loop only (for parameters: '
+    "split_rngs={{'params': False}}), or make the collection a carry "
+    "(variable_carry='{example}') or a scanned one (variable_axes={{'{example}': 0}}).")
+_BAD_LENGTHS = (
+    'remat_scan: lengths={lengths!r} is not a non-empty sequence of positive '
+    'ints. Each entry is the number of steps of one nesting level; the body runs '
+    'prod(lengths) times. Fix: e.g. lengths=(4, 4) for 16 steps.')
+
+
+class _Broadcast:
+  """The `in_axes`/`out_axes` marker of values that every step shares."""
+
+  def __repr__(self):
+    return 'lift.broadcast'
+
+
+broadcast = _Broadcast()
+
+
+def _is_unmapped(axis: Any) -> bool:
+  return axis is None or axis is broadcast
+
+
+class _JaxPolicy(NamedTuple):
+  """A ``jax.checkpoint`` policy from `remat_scan(policy=...)`, applied to each step."""
+  policy: Callable[..., Any] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _ScanConfig:
+  variable_axes: tuple[int, ...]
+  rng_splits: tuple[bool, ...]
+  in_axes: Any
+  out_axes: Any
+  length: int | None
+  reverse: bool
+  unroll: int | bool
+  data_transform: Callable[..., Any] | None
+  metadata_params: Mapping[Any, Any]
+  remat: Any
+
+
+class LoopCarry(NamedTuple):
+  """What a step passes to the next: carried variable groups and the user's carry."""
+  variables: Any
+  carry: Any
+
+
+class Invariant(NamedTuple):
+  """What a step writes that is the same at every step: broadcast collections and
+  outputs with ``out_axes=broadcast``."""
+  variables: Any
+  ys: Any
+
+
+class StepInputs(NamedTuple):
+  """One step's slices: scanned variable groups, split rng groups, scanned arguments."""
+  variables: tuple[Any, ...]
+  rngs: tuple[Any, ...]
+  args: tuple[Any, ...]
+
+
+# -- rng counters ------------------------------------------------------------------
+
+class _CounterReplay:
+  """Makes every trace of a step after the first start from the counters the first one left.
+
+  The first trace (the pre-pass) draws like any step, then every later trace
+  (the first step run on its own, the loop body, retraces by the engine)
+  rewinds, so all of them draw the same keys. After the scan the counters stand
+  where two steps leave them: `flax.core.lift.scan` also traces its body twice,
+  so both give the same keys.
+  """
+
+  def __init__(self):
+    self.nodes: list[RngCounters] = []
+    self.saved: list[_counters.CountSnapshot] | None = None
+
+  def enter(self, scope_tree: Any):
+    if self.saved is None:
+      self.nodes = _counters.counter_roots(scope_tree)
+      return
+    for node, snap in zip(self.nodes, self.saved):
+      _counters.restore(node, snap)
+
+  def save(self):
+    self.saved = [_counters.snapshot(node) for node in self.nodes]
+
+
+# -- one step ----------------------------------------------------------------------
+
+def _merge_roots(consts: Sequence[dict], carried: Sequence[dict]) -> tuple[dict, ...]:
+  return tuple({**c, **v} for c, v in zip(consts, carried))
+
+
+def _split_ys(ys: Any, out_axes: Any) -> tuple[Any, Any]:
+  """``ys`` as (scanned leaves, broadcast leaves), each with None in the other's places."""
+  axes = leaf_axes('scan', 'out_axes', out_axes, ys, _is_unmapped, 'outputs ys')
+  leaves, treedef = jax.tree.flatten(ys)
+  scanned = [None if _is_unmapped(a) else x for a, x in zip(axes, leaves)]
+  invariant = [x if _is_unmapped(a) else None for a, x in zip(axes, leaves)]
+  return treedef.unflatten(scanned), treedef.unflatten(invariant)
+
+
+@dataclasses.dataclass(eq=False)  # lax.scan hashes its body
+class _Step:
+  """``step(LoopCarry, StepInputs) -> (LoopCarry, (scanned ys, scanned variable groups))``."""
+  fn: Callable[..., Any]
+  config: _ScanConfig
+  scope_fn: Callable[..., Any]
+  repack_fn: Callable[..., Any]
+  broadcast_variables: Any
+  carry_consts: tuple[dict, ...]
+  rng_consts: tuple[Any, ...]
+  arg_leaves: list[Any]
+  arg_axes: list[Any]
+  arg_treedef: Any
+  kwargs: dict[str, Any]
+  replay: _CounterReplay
+
+  def _args(self, scanned: Sequence[Any]) -> Any:
+    scanned = iter(scanned)
+    leaves = [x if a is None else next(scanned) for x, a in zip(self.arg_leaves, self.arg_axes)]
+    return self.arg_treedef.unflatten(leaves)
+
+  def _scope(self, carry: LoopCarry, x: StepInputs) -> Any:
+    carry_group = _merge_roots(self.carry_consts, carry.variables)
+    variable_groups = (self.broadcast_variables, carry_group) + tuple(x.variables)
+    rng_groups = tuple(s if split else c for s, c, split in
+                       zip(x.rngs, self.rng_consts, self.config.rng_splits))
+    if self.config.data_transform is not None:
+      variable_groups, rng_groups = self.config.data_transform(variable_groups, rng_groups)
+    scope = self.scope_fn(variable_groups, rng_groups)
+    self.replay.enter(scope)
+    return scope
+
+  def run(self, carry: LoopCarry, x: StepInputs) -> tuple[LoopCarry, Any, Invariant]:
+    """One step: the next carry, the scanned outputs (ys and variable groups), the invariant ones."""
+    scope = self._scope(carry, x)
+    c, ys = self.fn(scope, carry.carry, *self._args(x.args), **self.kwargs)
+    broadcast_out, carry_out, *scanned_out = self.repack_fn(scope)
+    scanned_ys, invariant_ys = _split_ys(ys, self.config.out_axes)
+    return (LoopCarry(carry_out, c), (scanned_ys, tuple(scanned_out)),
+            Invariant(broadcast_out, invariant_ys))
+
+  def __call__(self, carry: LoopCarry, x: StepInputs) -> tuple[LoopCarry, Any]:
+    carry, scanned, _ = self.run(carry, x)
+    return carry, scanned
+
+
+# -- before the loop ---------------------------------------------------------------
+
+def _step_shape(x: Any) -> jax.ShapeDtypeStruct:
+  aval = jax.typeof(x)
+  return jax.ShapeDtypeStruct(aval.shape[1:], aval.dtype, weak_type=aval.weak_type)
+
+
+def _depends_on_inputs(jaxpr: Any) -> list[bool]:
+  """For each output of ``jaxpr``: whether it depends on an input (not only on constants)."""
+  tainted = set(jaxpr.jaxpr.invars)
+  for eqn in jaxpr.jaxpr.eqns:
+    if any(isinstance(v, Var) and v in tainted for v in eqn.invars):
+      tainted.update(eqn.outvars)
+  return [isinstance(v, Var) and v in tainted for v in jaxpr.jaxpr.outvars]
+
+
+def _evaluate_outputs(jaxpr: Any, count: int) -> list[Any]:
+  """The first ``count`` outputs of ``jaxpr``, running only the equations they need.
+
+  They must not depend on its inputs (see :func:`_depends_on_inputs`), so no
+  input is read: what runs is what Flax's partial evaluation runs before its
+  loop, typically just the initializers of broadcast parameters.
+  """
+  needed = {v for v in jaxpr.jaxpr.outvars[:count] if isinstance(v, Var)}
+  eqns = []
+  for eqn in reversed(jaxpr.jaxpr.eqns):
+    if any(v in needed for v in eqn.outvars):
+      eqns.append(eqn)
+      needed.update(v for v in eqn.invars if isinstance(v, Var))
+  env = dict(zip(jaxpr.jaxpr.constvars, jaxpr.consts))
+  read = lambda v: v.val if isinstance(v, Literal) else env[v]
+  for eqn in reversed(eqns):
+    env.update(zip(eqn.outvars, _compat.bind_equation(eqn, [read(v) for v in eqn.invars])))
+  return [read(v) for v in jaxpr.jaxpr.outvars[:count]]
+
+
+def _invariant_labels(invariant: Invariant) -> list[str]:
+  labels = [f'broadcast variable {path_text(p[1:])[1:]}'
+            for p, _ in jax.tree_util.tree_flatten_with_path(invariant.variables)[0]]
+  return labels + [f'output ys{jax.tree_util.keystr(p)}'
+                   for p, _ in jax.tree_util.tree_flatten_with_path(invariant.ys)[0]]
+
+
+def _check_invariant(jaxpr: Any, invariant: Invariant):
+  labels = _invariant_labels(invariant)
+  bad = [label for label, dep in zip(labels, _depends_on_inputs(jaxpr)) if dep]
+  if bad:
+    example = bad[0].split(' ')[-1].split('/')[0] if bad[0].startswith('broadcast') else 'params'
+    raise errors.LoopInvariantError(_DEPENDS_ON_LOOP.format(
+        labels='\n'.join(f'  * {label}' for label in bad), example=example))
+
+
+def _invariant_first(step: _Step, carry: LoopCarry, x: StepInputs):
+  carry, scanned, invariant = step.run(carry, x)
+  return invariant, carry, scanned
+
+
+class _Plan(NamedTuple):
+  """What the pre-pass learned about the loop."""
+  carried: tuple[dict, ...]  # carry collections the steps write: the loop's carried state
+  consts: tuple[dict, ...]  # carry collections the steps only read
+  invariant: Invariant  # the values of the loop-invariant writes
+  peel: bool  # whether the first step creates carry variables
+
+
+def _plan(step: _Step, carry_variables: tuple[dict, ...], init: Any, xs: StepInputs) -> _Plan:
+  """The pre-pass: traces one step, checks and computes its invariant writes, finds the carry."""
+  jaxpr, (invariant, out_carry, _) = jax.make_jaxpr(
+      functools.partial(_invariant_first, step), return_shape=True,
+  )(LoopCarry(carry_variables, init), jax.tree.map(_step_shape, xs))
+  step.replay.save()
+  _check_invariant(jaxpr, invariant)
+  leaves, treedef = jax.tree.flatten(invariant)
+  invariant = treedef.unflatten(_evaluate_outputs(jaxpr, len(leaves)))
+  returned = out_carry.variables
+  carried = tuple({c: t for c, t in group.items() if c in out}
+                  for group, out in zip(carry_variables, returned))
+  consts = tuple({c: t for c, t in group.items() if c not in out}
+                 for group, out in zip(carry_variables, returned))
+  peel = jax.tree.structure(carried) != jax.tree.structure(returned)
+  return _Plan(carried, consts, invariant, peel)
+
+
+# -- the loop ----------------------------------------------------------------------
+
+def _run_loop(step: _Step, carry: LoopCarry, xs: StepInputs, length: int):
+  config = step.config
+  remat = config.remat
+  if isinstance(remat, _JaxPolicy):
+    step, remat = jax.checkpoint(step, policy=remat.policy, prevent_cse=False), False
+  return loops.run_scan(step, carry, xs, length=length, reverse=config.reverse,
+                        unroll=config.unroll, remat=remat)
+
+
+def _peeled_loop(step: _Step, carry: LoopCarry, xs: StepInputs, length: int):
+  """The first step on its own (it creates variables), then a loop over the others."""
+  reverse = step.config.reverse
+  first = -1 if reverse else 0
+  carry, first_y = step(carry, jax.tree.map(lambda x: x[first], xs))
+  first_y = jax.tree.map(lambda y: y[None], first_y)
+  if length == 1:
+    return carry, first_y
+  rest = jax.tree.map(lambda x: x[:-1] if reverse else x[1:], xs)
+  carry, ys = _run_loop(step, carry, rest, length - 1)
+  parts = (ys, first_y) if reverse else (first_y, ys)
+  return carry, jax.tree.map(lambda a, b: jnp.concatenate([a, b]), *parts)
+
+
+def _place_ys(scanned: Any, invariant: Any, out_axes: Any) -> Any:
+  """Merges the two halves of the outputs; scanned ones move from axis 0 to their out axis."""
+  ys = jax.tree.map(lambda s, i: i if s is None else s, scanned, invariant,
+                    is_leaf=lambda x: x is None)
+  axes = leaf_axes('scan', 'out_axes', out_axes, ys, _is_unmapped, 'outputs ys')
+  leaves, treedef = jax.tree.flatten(ys)
+  placed = [y if _is_unmapped(a) else jnp.moveaxis(y, 0, a) for a, y in zip(axes, leaves)]
+  return treedef.unflatten(placed)
+
+
+def _scanned_inputs(fn, config: _ScanConfig, variable_groups, rng_groups, args):
+  """The variables, rngs and arguments that the loop slices, all moved to axis 0, and the length."""
+  groups = remove_group_axes(variable_groups, config.variable_axes, config.metadata_params)
+  arg_axes = [None if _is_unmapped(a) else a for a in leaf_axes(
+      'scan', 'in_axes', config.in_axes, args, _is_unmapped, 'scanned arguments')]
+  mapped = mapped_arguments(fn, args, arg_axes, skip=2) + mapped_variables(
+      groups, config.variable_axes)
+  length = infer_axis_size('scan', 'length', mapped, config.length)
+  rngs = split_rng_groups(rng_groups, config.rng_splits, length)
+  xs = StepInputs(
+      tuple(move_axis(g, a, 0) for g, a in zip(groups, config.variable_axes)),
+      tuple(r if split else None for r, split in zip(rngs, config.rng_splits)),
+      tuple(jnp.moveaxis(x, a, 0) for x, a in zip(jax.tree.leaves(args), arg_axes)
+            if a is not None))
+  return xs, arg_axes, length
+
+
+def _scan_groups(fn, config: _ScanConfig, scope_fn, repack_fn, variable_groups,
+                 rng_groups, init, *args, **kwargs):
+  broadcast_variables, carry_variables, *scanned_groups = variable_groups
+  xs, arg_axes, length = _scanned_inputs(fn, config, scanned_groups, rng_groups, args)
+  step = _Step(fn, config, scope_fn, repack_fn, broadcast_variables,
+               tuple({} for _ in carry_variables), rng_groups, jax.tree.leaves(args),
+               arg_axes, jax.tree.structure(args), kwargs, _CounterReplay())
+  plan = _plan(step, carry_variables, init, xs)
+  step.carry_consts = plan.consts
+  step.broadcast_variables = _merge_roots(broadcast_variables, plan.invariant.variables)
+  loop = _peeled_loop if plan.peel else _run_loop
+  carry, (scanned_ys, scanned_groups) = loop(step, LoopCarry(plan.carried, init), xs, length)
+  ys = _place_ys(scanned_ys, plan.invariant.ys, config.out_axes)
+  scanned_groups = tuple(move_axis(g, 0, a) for g, a in zip(scanned_groups, config.variable_axes))
+  scanned_groups = add_group_axes(scanned_groups, config.variable_axes, config.metadata_params)
+  out_groups = (plan.invariant.variables, carry.variables) + scanned_groups
+  return (carry.carry, ys), out_groups
+
+
+def _build_scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int],
+                variable_broadcast: Filter, variable_carry: Filter,
+                split_rngs: Mapping[Filter, bool], config: _ScanConfig) -> Callable[..., Any]:
+  filters = (variable_broadcast, variable_carry) + tuple(variable_axes)
+  rng_filters, _ = check_split_rngs('scan', split_rngs)
+  inner = functools.partial(_scan_groups, fn, config)
+  functools.update_wrapper(inner, fn)
+  return pack(inner, filters, filters, rng_filters, name='scan')
+
+
+def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # noqa: B006
+         variable_broadcast: Filter = False, variable_carry: Filter = False,
+         split_rngs: Mapping[Filter, bool] = {}, in_axes: Any = 0,  # noqa: B006
+         out_axes: Any = 0, length: int | None = None, reverse: bool = False,
+         unroll: int | bool = 1, data_transform: Callable[..., Any] | None = None,
+         metadata_params: Mapping[Any, Any] = {},  # noqa: B006 (Flax's defaults)
+         remat: Any = False) -> Callable[..., Any]:
+  """Lifted ``lax.scan`` of ``fn(scope, carry, *xs) -> (carry, ys)``.
+
+  Args:
+    fn: the step.
+    variable_axes: ``{collection filter: axis}``: step ``i`` sees slice ``i``
+      along ``axis`` (negative counts from the end); variables created inside
+      are stacked along it.
+    variable_broadcast: collections every step shares, as they were before
+      the loop. What a step writes to them (e.g. parameters created at init)
+      must not depend on the carry, the scanned inputs or a split stream.
+    variable_carry: collections carried from step to step, like ``carry``.
+      They may be created inside the step: the first step then runs on its own
+      before the loop, so the result equals the unrolled Python loop.
+    split_rngs: ``{stream filter: bool}``; step ``i`` of a split stream draws
+      from ``split(key, length)[i]``. Streams matched by no filter are not
+      available inside.
+    in_axes, out_axes: axis of each ``xs``/``ys`` leaf (tree prefixes);
+      ``lift.broadcast`` (or None) passes an input whole to every step, or
+      returns an output computed once (it must not depend on the loop).
+      Keyword arguments reach every step whole.
+    length: number of steps; inferred from the scanned inputs and variables.
+    reverse, unroll: as ``lax.scan``.
+    data_transform: ``(variable_groups, rng_groups) -> (variable_groups,
+      rng_groups)`` applied inside each step before the scope is rebuilt.
+    metadata_params: passed to the ``AxisMetadata`` boxes of scanned collections.
+    remat: checkpoint policy of each step: anything
+      ``lift.loops.resolve_remat`` accepts (False, True, 'nested', ...).
+
+  Not for loops of unknown length: use ``while_loop``.
+
+  >>> def layer(scope, x, _):
+  ...   w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1],) * 2)
+  ...   return jax.numpy.tanh(x @ w), None
+  >>> stack = scan(layer, variable_axes={'params': 0}, split_rngs={'params': True}, length=5)
+  >>> (y, _), variables = init(stack)(jax.random.key(0), jax.numpy.ones((2, 3)), None)
+  >>> variables['params']['w'].shape
+  (5, 3, 3)
+  """
+  _, axes = check_variable_axes('scan', variable_axes, allow_none=False,
+                                hint=', or variable_broadcast for collections shared by every step')
+  _, splits = check_split_rngs('scan', split_rngs)
+  loops.resolve_remat(remat)
+  config = _ScanConfig(
+      axes, splits, check_axis_leaves('scan', 'in_axes', in_axes, _is_unmapped, 'lift.broadcast'),
+      check_axis_leaves('scan', 'out_axes', out_axes, _is_unmapped, 'lift.broadcast'),
+      check_size('scan', 'length', length), reverse, unroll, data_transform,
+      dict(metadata_params), remat)
+  return _build_scan(fn, variable_axes, variable_broadcast, variable_carry, split_rngs, config)
+
+
+# -- remat_scan ------------------------------------------------------------------------
+
+def _carry_only_step(body_fn: Callable[..., Any], scope: Any, carry: Any) -> tuple[Any, tuple]:
+  return body_fn(scope, carry), ()
+
+
+def _carry_only(loop: Callable[..., Any], scope: Any, carry: Any) -> Any:
+  return loop(scope, carry)[0]
+
+
+def _inner_metadata(metadata_params: Mapping[Any, Any]) -> dict[Any, Any]:
+  # Only the outermost level names its axis: a mesh axis may appear once in a
+  # PartitionSpec, so inner levels add an unnamed (None) axis.
+  params = dict(metadata_params)
+  if meta.PARTITION_NAME in params:
+    params[meta.PARTITION_NAME] = None
+  return params
+
+
+def _remat_level(body_fn, lengths: tuple[int, ...], policy, metadata_params, options):
+  if len(lengths) == 1:
+    step, remat = functools.partial(_carry_only_step, body_fn), False
+  else:
+    inner = _remat_level(body_fn, lengths[1:], policy, _inner_metadata(metadata_params), options)
+    step, remat = functools.partial(_carry_only_step, inner), _JaxPolicy(policy)
+  config = _ScanConfig(options['axes'], options['splits'], 0, 0, lengths[0], False, 1, None,
+                       dict(metadata_params), remat)
+  loop = _build_scan(step, options['variable_axes'], options['variable_broadcast'],
+                     options['variable_carry'], options['split_rngs'], config)
+  return functools.partial(_carry_only, loop)
+
+
+def remat_scan(body_fn: Callable[..., Any], lengths: Sequence[int],
+               policy: Callable[..., Any] | None = None,
+               variable_broadcast: Filter = False, variable_carry: Filter = False,
+               variable_axes: Mapping[Filter, int] = {True: 0},  # noqa: B006
+               split_rngs: Mapping[Filter, bool] = {True: True},  # noqa: B006
+               metadata_params: Mapping[Any, Any] = {}) -> Callable[..., Any]:  # noqa: B006
+  """``body_fn(scope, carry) -> carry`` repeated ``prod(lengths)`` times as nested scans.
+
+  Level ``k`` scans ``lengths[k]`` steps of level ``k + 1``; every level but
+  the innermost rematerializes its steps (``jax.checkpoint`` with ``policy``),
+  so the backward pass keeps about ``sum(lengths)`` carries instead of
+  ``prod(lengths)``. Variables with an axis get one axis per level, outermost
+  first: a kernel of ``lengths=(2, 3)`` has shape ``(2, 3, in, out)``.
+  ``metadata_params`` names the outermost axis; inner axes get None.
+
+  Not when the steps need scanned inputs or outputs: use ``scan(remat=...)``.
+
+  >>> def layer(scope, x):
+  ...   w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1],) * 2)
+  ...   return jax.numpy.tanh(x @ w)
+  >>> y, variables = init(remat_scan(layer, lengths=(2, 3)))(jax.random.key(0), jax.numpy.ones((1, 4)))
+  >>> variables['params']['w'].shape
+  (2, 3, 4, 4)
+  """
+  lengths = tuple(lengths) if isinstance(lengths, Sequence) else lengths
+  if not (isinstance(lengths, tuple) and lengths and all(
+      isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths)):
+    raise errors.InvalidAxisError(_BAD_LENGTHS.format(lengths=lengths))
+  _, axes = check_variable_axes('remat_scan', variable_axes, allow_none=False)
+  _, splits = check_split_rngs('remat_scan', split_rngs)
+  options = dict(axes=axes, splits=splits, variable_axes=variable_axes,
+                 variable_broadcast=variable_broadcast, variable_carry=variable_carry,
+                 split_rngs=split_rngs)
+  return _remat_level(body_fn, lengths, policy, metadata_params, options)
+
+
+__all__ = ['scan', 'remat_scan', 'broadcast']

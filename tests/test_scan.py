@@ -1,0 +1,361 @@
+"""lift.scan and lift.remat_scan: oracles (lax.scan over hand-stacked variables, the unrolled
+loop, flax.core.lift.scan), shapes, state, errors."""
+import flax.core
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax.core import lift as flax_lift
+from flax.core import meta
+from jax import lax
+
+import lift
+from lift import errors
+from tests.scope_models import counter, dense
+
+KEY = jax.random.key(0)
+C0 = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
+XS = jnp.linspace(-0.5, 0.5, 30).reshape(5, 2, 3)
+LAYERS = dict(variable_axes={'params': 0}, split_rngs={'params': True})
+SHARED = dict(variable_broadcast='params', split_rngs={'params': False})
+
+
+def layer(scope, c, x):
+  h = scope.child(dense, 'dense')(c, 3)
+  return jnp.tanh(h) + x, h
+
+
+def _apply_layer(params, c, x):
+  return lift.apply(layer)({'params': params}, c, x)
+
+
+def _layer_params(keys):
+  params = [lift.init(layer)(k, C0, XS[0])[1]['params'] for k in keys]
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *params)
+
+
+def _assert_trees_close(a, b, rtol=1e-6):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(x, y, rtol=rtol, atol=1e-6)
+
+
+def _unrolled(body, reverse=False):
+  """The Python loop that a scan of ``body`` over axis 0 means."""
+
+  def run(scope, c, xs):
+    steps = range(xs.shape[0])
+    ys = [None] * xs.shape[0]
+    for i in (reversed(steps) if reverse else steps):
+      c, ys[i] = body(scope.rewound(), c, xs[i])
+    return c, jnp.stack(ys)
+
+  return run
+
+
+# -- oracles ---------------------------------------------------------------------
+
+@pytest.mark.parametrize('reverse, unroll', [(False, 1), (True, 1), (False, 2), (True, 5)])
+def test_scan_equals_lax_scan_over_hand_stacked_params(reverse, unroll):
+  params = _layer_params(jax.random.split(jax.random.key(1), 5))
+  expected = lax.scan(lambda c, px: _apply_layer(px[0], c, px[1]), C0, (params, XS),
+                      reverse=reverse)
+  got = lift.apply(lift.scan(layer, reverse=reverse, unroll=unroll, **LAYERS))(
+      {'params': params}, C0, XS)
+  _assert_trees_close(got, expected)
+
+
+def test_broadcast_equals_closing_over_the_params():
+  _, variables = lift.init(layer)(jax.random.key(1), C0, XS[0])
+  expected = lax.scan(lambda c, x: _apply_layer(variables['params'], c, x), C0, XS)
+  got = lift.apply(lift.scan(layer, **SHARED))(variables, C0, XS)
+  _assert_trees_close(got, expected)
+
+
+@pytest.mark.parametrize('remat', [False, True, 'nested', lift.loops.ScanCheckpointPolicy(nested=2)])
+def test_gradient_equals_lax_scan_gradient(remat):
+  params = _layer_params(jax.random.split(jax.random.key(1), 5))
+  scanned = lift.scan(layer, remat=remat, **LAYERS)
+
+  def lifted_loss(p):
+    c, ys = lift.apply(scanned)({'params': p}, C0, XS)
+    return jnp.sum(c ** 2) + jnp.sum(ys)
+
+  def oracle_loss(p):
+    c, ys = lax.scan(lambda c, px: _apply_layer(px[0], c, px[1]), C0, (p, XS))
+    return jnp.sum(c ** 2) + jnp.sum(ys)
+
+  _assert_trees_close(jax.jit(jax.grad(lifted_loss))(params), jax.grad(oracle_loss)(params),
+                      rtol=1e-5)
+
+
+def test_negative_axes_and_broadcast_inputs():
+  def step(scope, c, x, shift):
+    c, h = layer(scope, c, x)
+    return c, h + shift[None]
+
+  scanned = lift.scan(step, variable_axes={'params': -1}, split_rngs={'params': True},
+                      in_axes=(-1, lift.broadcast), out_axes=-1)
+  xs_last = jnp.moveaxis(XS, 0, -1)
+  shift = jnp.arange(3.0)
+  (c, ys), variables = lift.init(scanned)(KEY, C0, xs_last, shift)
+  shapes = jax.tree.map(jnp.shape, variables['params']['dense'])
+  assert shapes == {'kernel': (3, 3, 5), 'bias': (3, 5)}
+  assert ys.shape == (2, 3, 5)
+  params = jax.tree.map(lambda p: jnp.moveaxis(p, -1, 0), variables['params'])
+  expected_c, expected_ys = lax.scan(
+      lambda c, px: step_apply(px[0], c, px[1], shift), C0, (params, XS))
+  np.testing.assert_allclose(c, expected_c, rtol=1e-6)
+  np.testing.assert_allclose(ys, jnp.moveaxis(expected_ys, 0, -1), rtol=1e-6)
+
+
+def step_apply(params, c, x, shift):
+  c, h = _apply_layer(params, c, x)
+  return c, h + shift[None]
+
+
+def test_broadcast_output_is_computed_once():
+  def step(scope, c, x):
+    scale = scope.param('scale', jax.nn.initializers.ones, (3,))
+    return c * scale[None] + x, (c, 2.0 * scale)
+
+  scanned = lift.scan(step, out_axes=(0, lift.broadcast), **SHARED)
+  (c, (cs, doubled)), variables = lift.init(scanned)(KEY, C0, XS)
+  assert cs.shape == (5, 2, 3) and doubled.shape == (3,)
+  np.testing.assert_allclose(doubled, 2.0 * variables['params']['scale'])
+
+
+def test_keyword_arguments_and_data_transform():
+  def step(scope, c, x, *, scale):
+    c, h = layer(scope, c, x)
+    return c * scale, h
+
+  def double_params(variable_groups, rng_groups):
+    broadcast, carry, params = variable_groups
+    return (broadcast, carry, jax.tree.map(lambda p: 2.0 * p, params)), rng_groups
+
+  params = _layer_params(jax.random.split(jax.random.key(1), 5))
+  scanned = lift.scan(step, data_transform=double_params, **LAYERS)
+  got = lift.apply(scanned)({'params': params}, C0, XS, scale=jnp.float32(0.5))
+  doubled = jax.tree.map(lambda p: 2.0 * p, params)
+
+  def oracle_step(c, px):
+    c, h = _apply_layer(px[0], c, px[1])
+    return 0.5 * c, h
+
+  expected = lax.scan(oracle_step, C0, (doubled, XS))
+  _assert_trees_close(got, expected)
+
+
+def test_scan_inside_vmap_and_under_jit():
+  scanned = lift.scan(layer, **LAYERS)
+  ensemble = lift.vmap(scanned, variable_axes={'params': 0}, split_rngs={'params': True},
+                       in_axes=(None, 0))
+  xss = jnp.stack([XS, 2.0 * XS, 3.0 * XS])
+  (c, ys), variables = jax.jit(lift.init(ensemble))(KEY, C0, xss)
+  assert variables['params']['dense']['kernel'].shape == (3, 5, 3, 3)
+  expected = jax.vmap(lambda p, xs: lift.apply(scanned)({'params': p}, C0, xs))(
+      variables['params'], xss)
+  _assert_trees_close((c, ys), expected)
+  (eager_c, _), eager_variables = lift.init(ensemble)(KEY, C0, xss)
+  _assert_trees_close(eager_variables, variables)
+
+
+# -- rng parity with flax.core.lift -------------------------------------------------------
+
+def _direct_param_step(scope, c, x):
+  w = scope.param('w', jax.nn.initializers.normal(), (3,))
+  c, h = layer(scope, c, x)
+  return c * w[None], h
+
+
+def _then_draw(scanned):
+  def model(scope, c, xs):
+    c, ys = scanned(scope, c, xs)
+    return c + scope.param('after', jax.nn.initializers.normal(), (3,))[None], ys
+  return model
+
+
+@pytest.mark.parametrize('kwargs', [
+    LAYERS, dict(variable_axes={'params': 0}, split_rngs={'params': False}), SHARED])
+def test_init_matches_flax_core_lift_scan(kwargs):
+  got = lift.init(_then_draw(lift.scan(_direct_param_step, **kwargs)))(KEY, C0, XS)
+  expected = flax.core.init(_then_draw(flax_lift.scan(_direct_param_step, **kwargs)))(KEY, C0, XS)
+  _assert_trees_close(got[1], flax.core.unfreeze(expected[1]))
+  _assert_trees_close(got[0], expected[0])
+
+
+def _carry_only_layer(scope, c):
+  return jnp.tanh(scope.child(dense, 'dense')(c, 3))
+
+
+def test_remat_scan_matches_flax_core_lift_remat_scan():
+  got = lift.init(lift.remat_scan(_carry_only_layer, (2, 3)))(KEY, C0)
+  expected = flax.core.init(flax_lift.remat_scan(_carry_only_layer, (2, 3)))(KEY, C0)
+  _assert_trees_close(got[1], flax.core.unfreeze(expected[1]))
+  _assert_trees_close(got[0], expected[0])
+
+
+# -- shapes and metadata -----------------------------------------------------------------
+
+def _boxed_layer(scope, c):
+  init = lambda k, shape: meta.Partitioned(jax.nn.initializers.lecun_normal()(k, shape), ('in', 'out'))
+  return jnp.tanh(c @ scope.param('kernel', init, (3, 3)))
+
+
+def test_scan_stacks_created_params_and_names_the_axis():
+  scanned = lift.scan(lambda s, c, _: (_boxed_layer(s, c), None), length=5,
+                      metadata_params={meta.PARTITION_NAME: 'layers'}, **LAYERS)
+  (c, _), variables = lift.init(scanned)(KEY, C0, None)
+  box = variables['params']['kernel']
+  assert box.names == ('layers', 'in', 'out') and box.value.shape == (5, 3, 3)
+  np.testing.assert_allclose(lift.apply(scanned)(variables, C0, None)[0], c, rtol=1e-6)
+
+
+def test_remat_scan_names_only_the_outer_axis():
+  stacked = lift.remat_scan(_boxed_layer, (2, 3), metadata_params={meta.PARTITION_NAME: 'layers'})
+  y, variables = lift.init(stacked)(KEY, C0)
+  box = variables['params']['kernel']
+  assert box.names == ('layers', None, 'in', 'out') and box.value.shape == (2, 3, 3, 3)
+  np.testing.assert_allclose(lift.apply(stacked)(variables, C0), y, rtol=1e-6)
+
+
+# -- nothing lost -------------------------------------------------------------------------
+
+def _count_step(scope, c, x):
+  return c, counter(scope, x)
+
+
+@pytest.mark.parametrize('kwargs, first, second', [
+    (dict(variable_axes={'counter': 0}), [1] * 5, [2] * 5),
+    (dict(variable_broadcast='counter'), 1, 2),
+    (dict(variable_carry='counter'), 5, 10)])
+def test_counter_survives_scan(kwargs, first, second):
+  scanned = lift.scan(_count_step, **kwargs)
+  _, variables = lift.init(scanned)(KEY, (), XS)
+  np.testing.assert_array_equal(variables['counter']['count'], first)
+  _, updated = lift.apply(scanned, mutable=['counter'])(variables, (), XS)
+  np.testing.assert_array_equal(updated['counter']['count'], second)
+  with pytest.raises(errors.ImmutableCollectionError, match='counter'):
+    lift.apply(scanned)(variables, (), XS)
+
+
+@pytest.mark.parametrize('kwargs, expected', [
+    (dict(variable_axes={'counter': 0}), np.ones((2, 3))),
+    (dict(variable_broadcast='counter', variable_axes={}), 1),
+    (dict(variable_carry='counter', variable_axes={}), 6)])
+def test_counter_survives_remat_scan(kwargs, expected):
+  stacked = lift.remat_scan(counter, (2, 3), **kwargs)
+  _, variables = lift.init(stacked)(KEY, C0)
+  np.testing.assert_array_equal(variables['counter']['count'], expected)
+  with pytest.raises(errors.ImmutableCollectionError, match='counter'):
+    lift.apply(stacked)(variables, C0)
+
+
+def test_collection_without_rule_raises():
+  with pytest.raises(errors.UnmappedCollectionError, match="'counter'"):
+    lift.init(lift.scan(_count_step, **LAYERS))(KEY, (), XS)
+  with pytest.raises(errors.UnmappedCollectionError, match="'counter'"):
+    lift.init(lift.remat_scan(counter, (2, 3), variable_axes={'params': 0}))(KEY, C0)
+
+
+# -- carry variables created inside the body ------------------------------------------------
+
+def _stateful_step(scope, c, x):
+  h = scope.variable('state', 'h', jnp.zeros_like, c)
+  n = scope.variable('state', 'n', lambda: jnp.zeros((), jnp.int32))
+  h.value = 0.5 * h.value + c * x
+  n.value = n.value + 1
+  w = scope.param('w', jax.nn.initializers.normal(), (3,))
+  return c + w[None], h.value
+
+
+@pytest.mark.parametrize('reverse', [False, True])
+def test_carry_created_at_init_equals_unrolled_loop(reverse):
+  scanned = lift.scan(_stateful_step, variable_carry='state', reverse=reverse, **SHARED)
+  loop = _unrolled(_stateful_step, reverse)
+  got, variables = lift.init(scanned)(KEY, C0, XS)
+  expected, expected_variables = lift.init(loop)(KEY, C0, XS)
+  _assert_trees_close(variables['state'], expected_variables['state'])
+  _assert_trees_close(got, expected)
+  assert int(variables['state']['n']) == 5
+  got, updated = lift.apply(scanned, mutable=['state'])(variables, C0, XS)
+  expected, expected_updated = lift.apply(loop, mutable=['state'])(variables, C0, XS)
+  _assert_trees_close((got, updated), (expected, expected_updated))
+  assert int(updated['state']['n']) == 10
+
+
+def test_carry_creation_keeps_the_scanned_params_keys():
+  def without_state(scope, c, x):
+    w = scope.param('w', jax.nn.initializers.normal(), (3,))
+    return c + w[None], c
+
+  kwargs = dict(variable_axes={'params': 0}, split_rngs={'params': True})
+  _, with_state = lift.init(lift.scan(_stateful_step, variable_carry='state', **kwargs))(KEY, C0, XS)
+  _, plain = lift.init(lift.scan(without_state, **kwargs))(KEY, C0, XS)
+  np.testing.assert_allclose(with_state['params']['w'], plain['params']['w'], rtol=1e-6)
+
+
+# -- errors --------------------------------------------------------------------------------
+
+def _two_inputs(scope, c, x, y):
+  return c, x + y
+
+
+def test_length_mismatch_names_each_argument():
+  with pytest.raises(errors.AxisSizeError) as info:
+    lift.init(lift.scan(_two_inputs))(KEY, (), jnp.ones((5, 2)), jnp.ones((4, 2)))
+  message = str(info.value)
+  assert "size 5: axis 0 of argument 'x' (5, 2)" in message
+  assert "size 4: axis 0 of argument 'y' (4, 2)" in message
+  assert 'length=N' in message
+
+
+def test_length_mismatch_with_variables_and_given_length():
+  scanned = lift.scan(layer, **LAYERS)
+  _, variables = lift.init(scanned)(KEY, C0, XS)
+  with pytest.raises(errors.AxisSizeError, match=r'size 5: axis 0 of variable params/dense/'):
+    lift.apply(scanned)(variables, C0, XS[:4])
+  with pytest.raises(errors.AxisSizeError, match=r'length=4 was given'):
+    lift.init(lift.scan(layer, length=4, **LAYERS))(KEY, C0, XS)
+  with pytest.raises(errors.AxisSizeError, match='pass length=N'):
+    lift.init(lift.scan(lambda s, c: (c, None), **LAYERS))(KEY, C0)
+
+
+def test_broadcast_variable_depending_on_the_carry_raises():
+  def step(scope, c, x):
+    first = scope.variable('consts', 'first', lambda: c)
+    return c + first.value, x
+
+  with pytest.raises(errors.LoopInvariantError, match=r'broadcast variable consts/first'):
+    lift.init(lift.scan(step, variable_broadcast='consts'))(KEY, C0, XS)
+
+
+def test_broadcast_params_from_a_split_stream_raise():
+  scanned = lift.scan(layer, variable_broadcast='params', split_rngs={'params': True})
+  with pytest.raises(errors.LoopInvariantError, match=r"broadcast variable params/dense/(bias|kernel)"):
+    lift.init(scanned)(KEY, C0, XS)
+
+
+def test_broadcast_output_depending_on_the_inputs_raises():
+  scanned = lift.scan(layer, out_axes=lift.broadcast, **SHARED)
+  with pytest.raises(errors.LoopInvariantError, match=r'output ys'):
+    lift.init(scanned)(KEY, C0, XS)
+
+
+def test_axis_out_of_range_raises():
+  with pytest.raises(errors.InvalidAxisError, match=r"argument 'x' has shape \(5, 2, 3\), which has no axis 3"):
+    lift.init(lift.scan(layer, in_axes=3, **LAYERS))(KEY, C0, XS)
+
+
+@pytest.mark.parametrize('build, error, match', [
+    (lambda: lift.scan(layer, variable_axes={'params': None}), errors.InvalidAxisError,
+     'variable_broadcast for collections shared'),
+    (lambda: lift.scan(layer, in_axes=[0, 'x']), errors.InvalidAxisError, 'lift.broadcast'),
+    (lambda: lift.scan(layer, remat='sometimes'), errors.RematPolicyError, 'sometimes'),
+    (lambda: lift.scan(layer, length=-2), errors.AxisSizeError, 'length=-2'),
+    (lambda: lift.remat_scan(_carry_only_layer, ()), errors.InvalidAxisError, 'lengths=()'),
+])
+def test_bad_arguments_fail_when_built(build, error, match):
+  with pytest.raises(error, match=match):
+    build()

@@ -1,0 +1,241 @@
+"""lift.vmap: oracles (jax.vmap over hand-stacked variables, flax.core.lift.vmap), shapes, state, errors."""
+import flax.core
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax.core import lift as flax_lift
+from flax.core import meta
+
+import lift
+from lift import errors
+from tests.scope_models import counter, dense, mlp
+
+KEY = jax.random.key(0)
+XS = jnp.linspace(-1.0, 1.0, 15).reshape(3, 5)
+ENSEMBLE = dict(variable_axes={'params': 0}, split_rngs={'params': True})
+
+
+def _stack(trees):
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def _assert_trees_close(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6)
+
+
+# -- oracles ---------------------------------------------------------------------
+
+def test_vmap_equals_jax_vmap_over_hand_stacked_params():
+  keys = jax.random.split(jax.random.key(1), 3)
+  params = _stack([lift.init(mlp)(k, XS[i])[1]['params'] for i, k in enumerate(keys)])
+  expected = jax.vmap(lambda p, x: lift.apply(mlp)({'params': p}, x))(params, XS)
+  got = lift.apply(lift.vmap(mlp, **ENSEMBLE))({'params': params}, XS)
+  np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_vmap_gradient_equals_jax_vmap_gradient():
+  _, variables = lift.init(lift.vmap(mlp, **ENSEMBLE))(KEY, XS)
+
+  def lifted_loss(params):
+    return jnp.sum(lift.apply(lift.vmap(mlp, **ENSEMBLE))({'params': params}, XS) ** 2)
+
+  def oracle_loss(params):
+    return jnp.sum(jax.vmap(lambda p, x: lift.apply(mlp)({'params': p}, x))(params, XS) ** 2)
+
+  got = jax.jit(jax.grad(lifted_loss))(variables['params'])
+  _assert_trees_close(got, jax.grad(oracle_loss)(variables['params']))
+
+
+def test_shared_params_equal_unmapped_call():
+  shared = lift.vmap(mlp, variable_axes={'params': None}, split_rngs={'params': False})
+  y, variables = lift.init(shared)(KEY, XS)
+  _, expected_variables = lift.init(mlp)(KEY, XS[0])
+  _assert_trees_close(variables, expected_variables)
+  np.testing.assert_allclose(y, lift.apply(mlp)(variables, XS), rtol=1e-6)
+
+
+@pytest.mark.parametrize('axis, split', [(0, True), (0, False), (None, False)])
+def test_init_matches_flax_core_lift_vmap(axis, split):
+  kwargs = dict(variable_axes={'params': axis}, split_rngs={'params': split})
+  y, variables = lift.init(lift.vmap(mlp, **kwargs))(KEY, XS)
+  flax_y, flax_variables = flax.core.init(flax_lift.vmap(mlp, **kwargs))(KEY, XS)
+  _assert_trees_close(variables, flax.core.unfreeze(flax_variables))
+  np.testing.assert_allclose(y, flax_y, rtol=1e-6)
+
+
+def test_unsplit_stream_gives_every_item_the_same_key():
+  def noise(scope, x):
+    return x + jax.random.normal(scope.make_rng('noise'), x.shape)
+
+  mapped = lift.vmap(noise, variable_axes={}, split_rngs={'noise': False})
+  y = lift.apply(mapped)({}, jnp.zeros((3, 2)), rngs={'noise': KEY})
+  np.testing.assert_allclose(y, jnp.broadcast_to(y[0], y.shape))
+  split = lift.vmap(noise, variable_axes={}, split_rngs={'noise': True})
+  y = lift.apply(split)({}, jnp.zeros((3, 2)), rngs={'noise': KEY})
+  assert not np.allclose(y[0], y[1])
+
+
+# -- axes ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize('axis, kernel, bias', [
+    (0, (3, 5, 2), (3, 2)), (1, (5, 3, 2), (2, 3)), (-1, (5, 2, 3), (2, 3))])
+def test_created_variables_get_the_mapped_axis(axis, kernel, bias):
+  mapped = lift.vmap(dense, variable_axes={'params': axis}, split_rngs={'params': True})
+  _, variables = lift.init(mapped)(KEY, XS, features=2)
+  shapes = jax.tree.map(jnp.shape, variables)
+  assert shapes == {'params': {'kernel': kernel, 'bias': bias}}
+  y = lift.apply(mapped)(variables, XS, features=2)
+  kernels = jnp.moveaxis(variables['params']['kernel'], axis, 0)
+  biases = jnp.moveaxis(variables['params']['bias'], axis if axis >= 0 else -1, 0)
+  np.testing.assert_allclose(y, jnp.einsum('bi,bio->bo', XS, kernels) + biases, rtol=1e-5)
+
+
+def test_in_axes_out_axes_and_negative_axes():
+  def affine(scope, x, shift):
+    return dense(scope, x, 2) + shift
+
+  mapped = lift.vmap(affine, variable_axes={'params': None}, split_rngs={'params': False},
+                     in_axes=(-1, None), out_axes=1)
+  shift = jnp.arange(2.0)
+  y, variables = lift.init(mapped)(KEY, XS.T, shift)
+  expected = jax.vmap(lambda x: lift.apply(affine)(variables, x, shift), in_axes=-1,
+                      out_axes=1)(XS.T)
+  assert y.shape == (2, 3)
+  np.testing.assert_allclose(y, expected, rtol=1e-6)
+
+
+def test_axis_name_reduces_a_shared_collection():
+  def normalize(scope, x):
+    mean = jax.lax.pmean(x, 'batch')
+    stats = scope.variable('batch_stats', 'mean', jnp.zeros, x.shape)
+    stats.value = 0.9 * stats.value + 0.1 * mean
+    return x - mean
+
+  mapped = lift.vmap(normalize, variable_axes={'batch_stats': None}, split_rngs={},
+                     axis_name='batch')
+  y, variables = lift.init(mapped)(KEY, XS)
+  np.testing.assert_allclose(variables['batch_stats']['mean'], 0.1 * XS.mean(0), rtol=1e-6)
+  np.testing.assert_allclose(y, XS - XS.mean(0, keepdims=True), rtol=1e-6, atol=1e-7)
+  _, updated = lift.apply(mapped, mutable=['batch_stats'])(variables, XS)
+  np.testing.assert_allclose(updated['batch_stats']['mean'], 0.19 * XS.mean(0), rtol=1e-6)
+
+
+def test_keyword_arguments_reach_every_item_unmapped():
+  def scaled(scope, x, *, scale):
+    return dense(scope, x, 2) * scale
+
+  mapped = lift.vmap(scaled, **ENSEMBLE)
+  y, variables = lift.init(mapped)(KEY, XS, scale=jnp.float32(2.0))
+  np.testing.assert_allclose(y, 2.0 * lift.apply(lift.vmap(dense, **ENSEMBLE))(variables, XS, features=2),
+                             rtol=1e-6)
+
+
+# -- metadata ------------------------------------------------------------------------
+
+def _boxed_dense(scope, x):
+  init = lambda k, shape: meta.Partitioned(jax.nn.initializers.lecun_normal()(k, shape), ('in', 'out'))
+  kernel = scope.param('kernel', init, (x.shape[-1], 2))
+  return x @ kernel
+
+
+@pytest.mark.parametrize('axis, names', [(0, ('batch', 'in', 'out')), (1, ('in', 'batch', 'out')),
+                                         (-1, ('in', 'out', 'batch'))])
+def test_metadata_params_name_the_new_axis(axis, names):
+  mapped = lift.vmap(_boxed_dense, variable_axes={'params': axis}, split_rngs={'params': True},
+                     metadata_params={meta.PARTITION_NAME: 'batch'})
+  y, variables = lift.init(mapped)(KEY, XS)
+  box = variables['params']['kernel']
+  assert isinstance(box, meta.Partitioned) and box.names == names
+  assert box.value.shape[names.index('batch')] == 3
+  np.testing.assert_allclose(lift.apply(mapped)(variables, XS), y, rtol=1e-6)
+
+
+# -- nothing lost -------------------------------------------------------------------------
+
+@pytest.mark.parametrize('axis, expected', [(0, [1, 1, 1]), (None, 1)])
+def test_counter_survives(axis, expected):
+  mapped = lift.vmap(counter, variable_axes={'counter': axis}, split_rngs={})
+  _, variables = lift.init(mapped)(KEY, XS)
+  np.testing.assert_array_equal(variables['counter']['count'], expected)
+  _, updated = lift.apply(mapped, mutable=['counter'])(variables, XS)
+  np.testing.assert_array_equal(updated['counter']['count'], np.add(expected, 1))
+
+
+def test_counter_in_immutable_collection_raises():
+  mapped = lift.vmap(counter, variable_axes={'counter': 0}, split_rngs={})
+  _, variables = lift.init(mapped)(KEY, XS)
+  with pytest.raises(errors.ImmutableCollectionError, match='counter'):
+    lift.apply(mapped)(variables, XS)
+
+
+def test_collection_without_axis_rule_raises():
+  mapped = lift.vmap(counter, variable_axes={'params': 0}, split_rngs={})
+  with pytest.raises(errors.UnmappedCollectionError, match="'counter'"):
+    lift.init(mapped)(KEY, XS)
+
+
+# -- errors --------------------------------------------------------------------------------
+
+def _pair(scope, x, y):
+  return dense(scope, x, 2) + dense(scope.push('other'), y, 2)
+
+
+def test_axis_size_mismatch_names_each_argument():
+  mapped = lift.vmap(_pair, **ENSEMBLE)
+  with pytest.raises(errors.AxisSizeError) as info:
+    lift.init(mapped)(KEY, jnp.ones((3, 2)), jnp.ones((4, 2)))
+  message = str(info.value)
+  assert "size 3: axis 0 of argument 'x' (3, 2)" in message
+  assert "size 4: axis 0 of argument 'y' (4, 2)" in message
+  assert 'axis_size=N' in message
+
+
+def test_axis_size_mismatch_names_variables():
+  mapped = lift.vmap(dense, **ENSEMBLE)
+  _, variables = lift.init(mapped)(KEY, XS, features=2)
+  with pytest.raises(errors.AxisSizeError, match=r'size 3: axis 0 of variable params/(bias|kernel)'):
+    lift.apply(mapped)(variables, jnp.ones((4, 5)), features=2)
+
+
+def test_axis_size_given_disagrees():
+  mapped = lift.vmap(dense, axis_size=4, **ENSEMBLE)
+  with pytest.raises(errors.AxisSizeError, match=r'axis_size=4 was given'):
+    lift.init(mapped)(KEY, XS, features=2)
+
+
+def test_no_axis_size_raises():
+  mapped = lift.vmap(dense, in_axes=None, **ENSEMBLE)
+  with pytest.raises(errors.AxisSizeError, match='pass axis_size=N'):
+    lift.init(mapped)(KEY, XS, 2)
+  _, variables = lift.init(lift.vmap(dense, in_axes=(None, None), axis_size=4, **ENSEMBLE))(
+      KEY, XS, 2)
+  assert variables['params']['kernel'].shape == (4, 5, 2)
+
+
+def test_axis_out_of_range_raises():
+  mapped = lift.vmap(dense, in_axes=(2, None), **ENSEMBLE)
+  with pytest.raises(errors.InvalidAxisError, match=r"argument 'x' has shape \(3, 5\), which has no axis 2"):
+    lift.init(mapped)(KEY, XS, 2)
+  with pytest.raises(errors.InvalidAxisError, match="argument 'features' has shape .*it is a scalar"):
+    lift.init(lift.vmap(dense, **ENSEMBLE))(KEY, XS, 2)
+
+
+def test_in_axes_not_a_prefix_raises():
+  mapped = lift.vmap(dense, in_axes=(0, None, 0), **ENSEMBLE)
+  with pytest.raises(errors.InvalidAxisError, match='does not fit the positional arguments'):
+    lift.init(mapped)(KEY, XS, 2)
+
+
+@pytest.mark.parametrize('kwargs, match', [
+    (dict(variable_axes={'params': '0'}, split_rngs={}), r"variable_axes\['params'\] = '0'"),
+    (dict(variable_axes=['params'], split_rngs={}), 'variable_axes must be a dict'),
+    (dict(variable_axes={}, split_rngs={'params': 1}), r"split_rngs\['params'\] = 1 is not a bool"),
+    (dict(variable_axes={}, split_rngs={}, in_axes='x'), "in_axes='x' holds 'x'"),
+    (dict(variable_axes={}, split_rngs={}, axis_size=-1), 'axis_size=-1'),
+])
+def test_bad_arguments_fail_when_built(kwargs, match):
+  with pytest.raises(errors.LiftError, match=match):
+    lift.vmap(dense, **kwargs)
