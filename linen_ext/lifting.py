@@ -1,0 +1,274 @@
+"""How a module method goes through a `lift` transform and comes back.
+
+One mechanism serves every transform, on a Module class and as a method decorator:
+
+1. :func:`collect_scopes` gathers the scopes the method may touch: those of the
+   module's field submodules (after adopting them, without running ``setup``),
+   the module's own, and those of modules and Variables passed as arguments,
+   which are replaced by leafless placeholders;
+2. the lift transform runs a scope function on those scopes;
+3. inside, :func:`rebind` rebuilds the module (and the argument modules and
+   Variables) bound to the inner scopes; ``setup`` reruns there, so
+   setup-defined submodules live in the transformed scope;
+4. the method runs on the clone; :func:`check_return` refuses Modules and
+   Variables in its result, since their scopes end with the transform.
+
+``jit`` caches its trace by the function it wraps, so for it the scope
+function is built once per method and the module travels as a static
+:class:`ModuleProxy` (hashed by its configuration), not in a closure.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+
+from lift.scope import Scope, Variable
+
+from linen_ext import errors
+from linen_ext._state import ModuleState
+from linen_ext.module import Module, map_modules, wrap_method
+
+Build = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleArg:
+  """A bound module passed as an argument, as a leafless static pytree node."""
+  module: Any = dataclasses.field(compare=False, hash=False)
+  module_id: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableArg:
+  """A Variable passed as an argument."""
+  collection: str
+  name: str
+  unbox: bool
+
+
+jax.tree_util.register_static(ModuleArg)
+jax.tree_util.register_static(VariableArg)
+
+
+class Collected(NamedTuple):
+  scopes: list[Scope]
+  args: tuple
+  kwargs: dict
+
+
+def _field_values(module: Module) -> dict[str, Any]:
+  return {f.name: getattr(module, f.name) for f in dataclasses.fields(module)
+          if f.init and f.name not in ('parent', 'name')}
+
+
+def _collect_module(module: Module, scopes: list[Scope], seen: set[int]):
+  if module._id in seen:
+    return
+  seen.add(module._id)
+  module._try_setup(shallow=True)
+
+  def visit(_, sub):
+    if sub.scope is not None:
+      _collect_module(sub, scopes, seen)
+    return sub
+
+  for value in _field_values(module).values():
+    map_modules(visit, value)
+  scopes.append(module.scope)
+
+
+def collect_scopes(module: Module, args: tuple, kwargs: dict) -> Collected:
+  """Stage 1: the scopes to lift, and the arguments with placeholders for modules and Variables."""
+  scopes: list[Scope] = []
+  seen: set[int] = set()
+
+  def placeholder(x):
+    if isinstance(x, Module) and x.scope is not None:
+      _collect_module(x, scopes, seen)
+      return ModuleArg(x, x._id)
+    if isinstance(x, Variable):
+      scopes.append(x.scope)
+      return VariableArg(x.collection, x.name, x.unbox)
+    return x
+
+  args, kwargs = jax.tree_util.tree_map(placeholder, (args, kwargs))
+  _collect_module(module, scopes, seen)
+  return Collected(scopes, args, kwargs)
+
+
+def _rebind_module(module: Module, scopes, memo: dict[int, Module], cls: type | None = None):
+  if module._id in memo:
+    return memo[module._id]
+
+  def visit(_, sub):
+    return _rebind_module(sub, scopes, memo) if sub.scope is not None else sub
+
+  fields = {k: map_modules(visit, v) for k, v in _field_values(module).items()}
+  clone = (cls or type(module))(parent=next(scopes), name=module.name, **fields)
+  memo[module._id] = clone
+  return clone
+
+
+def _is_placeholder(x: Any) -> bool:
+  return isinstance(x, (ModuleArg, VariableArg))
+
+
+def rebind(module: Module, args: tuple, kwargs: dict, scopes: list[Scope],
+           cls: type | None = None) -> tuple[Module, tuple, dict]:
+  """Stage 3: the module and argument placeholders, bound to the inner ``scopes``."""
+  remaining, memo = iter(scopes), {}
+
+  def restore(x):
+    if isinstance(x, ModuleArg):
+      return _rebind_module(x.module, remaining, memo)
+    if isinstance(x, VariableArg):
+      return Variable(next(remaining), x.collection, x.name, x.unbox)
+    return x
+
+  args, kwargs = jax.tree_util.tree_map(restore, (args, kwargs), is_leaf=_is_placeholder)
+  return _rebind_module(module, remaining, memo, cls), args, kwargs
+
+
+def check_return(transform: str, method: str, y: Any):
+  """Stage 4: a transformed method may not return Modules or Variables."""
+  for leaf in jax.tree_util.tree_leaves(y):
+    if isinstance(leaf, (Module, Variable)):
+      raise errors.TransformedReturnError(transform, method, type(leaf).__name__)
+
+
+def _run_inner(transform: str, fn, outer: Module, state: ModuleState, cls: type | None,
+               scopes, *args, **kwargs):
+  clone, args, kwargs = rebind(outer, args, kwargs, scopes, cls)
+  object.__setattr__(clone, '_state', state.export())
+  y = fn(clone, *args, **kwargs)
+  outer._state.reimport(clone._state)
+  check_return(transform, fn.__name__, y)
+  return y
+
+
+def call_lifted(transform: str, build: Build, fn: Callable[..., Any], module: Module,
+                args: tuple, kwargs: dict, cls: type | None = None) -> Any:
+  """Runs ``fn(module, *args, **kwargs)`` through the lift transform made by ``build``."""
+  if module.scope is None:
+    raise errors.UnboundModuleError(type(module).__name__,
+                                    f'Calling `nn.{transform}`-transformed "{fn.__name__}"')
+  collected = collect_scopes(module, args, kwargs)
+  core = scope_function(transform, fn, module, cls)
+  return build(core)(collected.scopes, *collected.args, **collected.kwargs)
+
+
+def scope_function(transform: str, fn: Callable[..., Any], module: Module,
+                   cls: type | None = None) -> Callable[..., Any]:
+  """``core(scopes, *args, **kwargs)``: ``fn`` run on ``module`` rebuilt on ``scopes``."""
+  core = functools.partial(_run_inner, transform, fn, module, module._state.export(), cls)
+  return with_signature(core, fn, ('scopes',))
+
+
+def with_signature(core, fn: Callable[..., Any], leading: tuple[str, ...]):
+  """Gives ``core`` the signature of method ``fn`` with ``self`` replaced by ``leading``.
+
+  The lift transforms read parameter names from it (error messages, jit's
+  ``static_argnames``).
+  """
+  params = list(inspect.signature(fn).parameters.values())[1:]
+  first = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in leading]
+  core.__signature__ = inspect.Signature(first + params)
+  core.__name__ = fn.__name__
+  return core
+
+
+# -- jit: the scope function is built once; the module is a static argument ---------------
+
+
+def _fingerprint(value: Any, seen: dict[int, int]) -> Any:
+  if isinstance(value, Module):
+    if value._id in seen:
+      return type(value), seen[value._id]
+    seen[value._id] = len(seen)
+    fields = tuple((k, _fingerprint(v, seen)) for k, v in _field_values(value).items())
+    state = value._state
+    return type(value), fields, (state.in_setup, state.in_compact_method,
+                                 int(bool(state.setup_called)),
+                                 tuple(sorted(state.autoname_cursor.items())))
+  if isinstance(value, dict):
+    return tuple((k, _fingerprint(v, seen)) for k, v in value.items())
+  if isinstance(value, (list, tuple)):
+    return type(value), tuple(_fingerprint(v, seen) for v in value)
+  return value
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleProxy:
+  """A module as a static argument: equal to another with the same configuration and state."""
+  module: Any = dataclasses.field(compare=False, hash=False)
+  cls: type | None = dataclasses.field(compare=False, hash=False)
+  state: ModuleState = dataclasses.field(compare=False, hash=False)
+  fingerprint: Any = None
+
+  @classmethod
+  def of(cls, module: Module, module_cls: type | None) -> 'ModuleProxy':
+    return cls(module, module_cls, module._state.export(),
+               (module_cls, _fingerprint(module, {})))
+
+
+def _run_inner_cached(transform: str, fn, scopes, proxy: ModuleProxy, *args, **kwargs):
+  return _run_inner(transform, fn, proxy.module, proxy.state, proxy.cls, scopes,
+                    *args, **kwargs)
+
+
+def cached_lifted(transform: str, build: Build, fn: Callable[..., Any]) -> Callable[..., Any]:
+  """``call_lifted`` for transforms that cache by function identity (``jit``).
+
+  ``build`` receives ``core(scopes, proxy, *args, **kwargs)``: the proxy is
+  argument 1 and must be static.
+  """
+  core = with_signature(functools.partial(_run_inner_cached, transform, fn), fn,
+                        ('scopes', 'module'))
+  lifted = build(core)
+
+  def call(module: Module, args: tuple, kwargs: dict, cls: type | None = None):
+    if module.scope is None:
+      raise errors.UnboundModuleError(type(module).__name__,
+                                      f'Calling `nn.{transform}`-transformed "{fn.__name__}"')
+    collected = collect_scopes(module, args, kwargs)
+    return lifted(collected.scopes, ModuleProxy.of(module, cls), *collected.args,
+                  **collected.kwargs)
+
+  return call
+
+
+# -- targets: Module classes and methods ------------------------------------------------
+
+
+def positional_parameters(fn: Callable[..., Any]) -> tuple[list[str], bool]:
+  """Names of ``fn``'s positional parameters (``self`` first) and whether it takes ``*args``."""
+  params = list(inspect.signature(fn).parameters.values())
+  kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+  names = [p.name for p in params if p.kind in kinds]
+  return names, any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params)
+
+
+def is_module_class(target: Any) -> bool:
+  if isinstance(target, functools.partial):
+    return is_module_class(target.func)
+  return inspect.isclass(target) and issubclass(target, Module)
+
+
+def mark_wrapped(fn: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+  """Marks a transformed method so that Module does not wrap it again.
+
+  It must not run ``setup`` outside the transform: setup runs on the clone inside.
+  """
+  functools.update_wrapper(fn, original)
+  fn.method_handler_wrapped = True  # type: ignore[attr-defined]
+  return fn
+
+
+def unwrapped_method(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """The method with Module's setup/compact handling, as it runs on the inner clone."""
+  return wrap_method(fn)

@@ -1,0 +1,274 @@
+"""Lifted transforms for Modules, with Flax's signatures.
+
+Each transform applies to a Module class (returning a subclass named like
+Flax's, ``vmap(MLP)`` is ``VmapMLP``) or decorates a method; ``methods=``
+picks the methods of a class (a list, or a dict of per-method options).
+All go through one mechanism (``lifting``): the module's scopes are lifted by
+the ``lift`` transform and the method runs on a clone bound to the inner scopes.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
+
+from lift.checkpoint import checkpoint as lift_checkpoint
+from lift.filters import Filter
+from lift.jit import jit as lift_jit
+from lift.map_variables import map_variables as lift_map_variables
+from lift.metadata import add_axis, remove_axis
+from lift.scan import remat_scan as lift_remat_scan
+from lift.scan import scan as lift_scan
+from lift.vmap import vmap as lift_vmap
+
+from linen_ext import errors
+from linen_ext.lifting import (Build, cached_lifted, call_lifted, is_module_class,
+                               mark_wrapped, positional_parameters)
+from linen_ext.module import Module, wrap_method
+
+Target = TypeVar('Target')
+
+
+class TransformSpec(NamedTuple):
+  """A Module transform: its name, the `lift` transform, and how options reach it."""
+  name: str
+  lift_fn: Callable[..., Any]
+  cached: bool = False  # jit: build once per method, pass the module as a static argument
+  adapt: Callable[[str, Callable[..., Any], dict], dict] | None = None
+
+
+def _apply_lift(lift_fn: Callable[..., Any], options: dict, core: Callable[..., Any]):
+  return lift_fn(core, **options)
+
+
+def _probe(scope, *args, **kwargs):
+  del scope, args, kwargs
+
+
+def _method(spec: TransformSpec, fn: Callable[..., Any], options: dict,
+            cls: type | None) -> Callable[..., Any]:
+  """The transformed method; the lift transform is built (and validated) here, once."""
+  options = spec.adapt(spec.name, fn, options) if spec.adapt else options
+  build: Build = functools.partial(_apply_lift, spec.lift_fn, options)
+  build(_probe)
+  if spec.cached:
+    call = cached_lifted(spec.name, build, fn)
+
+    def method(self, *args, **kwargs):
+      return call(self, args, kwargs, cls)
+  else:
+
+    def method(self, *args, **kwargs):
+      return call_lifted(spec.name, build, fn, self, args, kwargs, cls)
+
+  return mark_wrapped(method, fn)
+
+
+def _per_method_options(spec: TransformSpec, methods: Any, options: dict) -> dict[str, dict]:
+  if methods is None:
+    return {'__call__': options}
+  if isinstance(methods, Mapping):
+    return {name: {**options, **dict(extra)} for name, extra in methods.items()}
+  if isinstance(methods, (list, tuple)) and all(isinstance(m, str) for m in methods):
+    return {name: options for name in methods}
+  raise errors.TransformMethodsError(spec.name, methods)
+
+
+def _transform_class(spec: TransformSpec, target: Any, methods: Any, options: dict):
+  partial = target if isinstance(target, functools.partial) else None
+  module_class = partial.func if partial else target
+  namespace = {}
+  for name, method_options in _per_method_options(spec, methods, options).items():
+    fn = getattr(module_class, name, None)
+    if not callable(fn):
+      raise errors.NotAMethodError(spec.name, module_class.__name__, name)
+    namespace[name] = _method(spec, fn, method_options, module_class)
+  namespace['__module__'] = module_class.__module__
+  cls = type(f'{spec.name.capitalize()}{module_class.__name__}', (module_class,), namespace)
+  return functools.partial(cls, *partial.args, **partial.keywords) if partial else cls
+
+
+def lift_transform(spec: TransformSpec, target: Target, options: dict,
+                   methods: Any = None) -> Target:
+  """Applies ``spec`` to a Module class (a new class) or a method (a decorated method)."""
+  if isinstance(target, Module) or not callable(target):
+    raise errors.TransformTargetError(spec.name, target)
+  if is_module_class(target):
+    return _transform_class(spec, target, methods, options)
+  return _method(spec, wrap_method(target), options, None)
+
+
+# -- argument adapters ---------------------------------------------------------------
+
+
+def _as_tuple(value: Any) -> tuple:
+  if isinstance(value, Iterable) and not isinstance(value, str):
+    return tuple(value)
+  return (value,)
+
+
+def _check_argnums(transform: str, fn: Callable[..., Any], argument: str, nums: tuple):
+  names, has_varargs = positional_parameters(fn)
+  for i in nums:
+    if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+      raise errors.StaticArgnumsError(transform, fn.__name__,
+                                      f'`{argument}` holds {i!r}, not a non-negative int.')
+    if i >= len(names) and not has_varargs:
+      raise errors.StaticArgnumsError(
+          transform, fn.__name__,
+          f'`{argument}={nums}` names position {i}, but it only has positional '
+          f'parameters {names}.')
+
+
+def _checkpoint_options(transform: str, fn: Callable[..., Any], options: dict) -> dict:
+  nums = _as_tuple(options['static_argnums'])
+  _check_argnums(transform, fn, 'static_argnums', nums)
+  # lift.checkpoint counts the first argument after the scope as 0; here self is 0.
+  return {**options, 'static_argnums': tuple(i - 1 for i in nums if i > 0)}
+
+
+def _jit_options(transform: str, fn: Callable[..., Any], options: dict) -> dict:
+  static, donate = _as_tuple(options['static_argnums']), _as_tuple(options['donate_argnums'])
+  _check_argnums(transform, fn, 'static_argnums', static)
+  _check_argnums(transform, fn, 'donate_argnums', donate)
+  # lift.jit counts the scope as 0; the module proxy is argument 1 and static.
+  return {**options, 'static_argnums': (1,) + tuple(i + 1 for i in static if i > 0),
+          'donate_argnums': tuple(i + 1 for i in donate if i > 0)}
+
+
+def _map_variables_options(transform: str, fn: Callable[..., Any], options: dict) -> dict:
+  del transform, fn
+  options = dict(options)
+  options['map_in_fn'], options['map_out_fn'] = options.pop('trans_in_fn'), options.pop('trans_out_fn')
+  return options
+
+
+VMAP = TransformSpec('vmap', lift_vmap)
+SCAN = TransformSpec('scan', lift_scan)
+CHECKPOINT = TransformSpec('checkpoint', lift_checkpoint, adapt=_checkpoint_options)
+JIT = TransformSpec('jit', lift_jit, cached=True, adapt=_jit_options)
+MAP_VARIABLES = TransformSpec('map_variables', lift_map_variables, adapt=_map_variables_options)
+REMAT_SCAN = TransformSpec('remat_scan', lift_remat_scan)
+
+
+# -- class and method transforms --------------------------------------------------------
+
+
+def vmap(target: Target, variable_axes: Mapping[Filter, int | None] = {},  # noqa: B006
+         split_rngs: Mapping[Filter, bool] = {}, in_axes: Any = 0,  # noqa: B006
+         out_axes: Any = 0, axis_size: int | None = None, axis_name: Any = None,
+         spmd_axis_name: Any = None, metadata_params: Mapping[Any, Any] = {},  # noqa: B006
+         methods: Any = None) -> Target:
+  """Vectorises a Module class or method (``lift.vmap`` on its scopes).
+
+  Keyword arguments of the call reach every item unmapped.
+
+  >>> VmapMLP = vmap(MLP, variable_axes={'params': 0}, split_rngs={'params': True})
+  >>> variables = VmapMLP(name='mlp').init(key, jnp.ones((3, 4)))   # params stacked by 3
+  """
+  return lift_transform(VMAP, target, dict(
+      variable_axes=variable_axes, split_rngs=split_rngs, in_axes=in_axes,
+      out_axes=out_axes, axis_size=axis_size, axis_name=axis_name,
+      spmd_axis_name=spmd_axis_name, metadata_params=metadata_params), methods)
+
+
+def scan(target: Target, variable_axes: Mapping[Filter, int] = {},  # noqa: B006
+         variable_broadcast: Filter = False, variable_carry: Filter = False,
+         split_rngs: Mapping[Filter, bool] = {}, in_axes: Any = 0,  # noqa: B006
+         out_axes: Any = 0, length: int | None = None, reverse: bool = False,
+         unroll: int = 1, data_transform: Callable[..., Any] | None = None,
+         metadata_params: Mapping[Any, Any] = {}, methods: Any = None,  # noqa: B006
+         remat: Any = False) -> Target:
+  """Loops a Module class or method ``f(self, carry, *xs) -> (carry, ys)`` (``lift.scan``).
+
+  >>> ScanCell = scan(LSTMCell, variable_broadcast='params', split_rngs={'params': False},
+  ...                 in_axes=1, out_axes=1)
+  """
+  return lift_transform(SCAN, target, dict(
+      variable_axes=variable_axes, variable_broadcast=variable_broadcast,
+      variable_carry=variable_carry, split_rngs=split_rngs, in_axes=in_axes,
+      out_axes=out_axes, length=length, reverse=reverse, unroll=unroll,
+      data_transform=data_transform, metadata_params=metadata_params, remat=remat), methods)
+
+
+def checkpoint(target: Target, variables: Filter = True, rngs: Filter = True,
+               prevent_cse: bool = True, static_argnums: int | tuple[int, ...] = (),
+               policy: Callable[..., bool] | None = None, methods: Any = None) -> Target:
+  """Rematerialises a Module class or method (``lift.checkpoint``); ``self`` is argument 0.
+
+  >>> RematBlock = checkpoint(Block, static_argnums=(2,))   # def __call__(self, x, train)
+  """
+  return lift_transform(CHECKPOINT, target, dict(
+      variables=variables, rngs=rngs, prevent_cse=prevent_cse,
+      static_argnums=static_argnums, policy=policy), methods)
+
+
+remat = checkpoint
+
+
+def jit(target: Target, variables: Filter = True, rngs: Filter = True,
+        static_argnums: int | Iterable[int] = (), static_argnames: str | Iterable[str] = (),
+        donate_argnums: int | Iterable[int] = (), methods: Any = None) -> Target:
+  """Compiles a Module class or method (``lift.jit``); ``self`` is argument 0.
+
+  Repeated calls, and fresh instances with the same configuration, reuse the
+  compiled function.
+
+  >>> JitBlock = jit(Block, static_argnames=('train',))
+  """
+  return lift_transform(JIT, target, dict(
+      variables=variables, rngs=rngs, static_argnums=static_argnums,
+      static_argnames=static_argnames, donate_argnums=donate_argnums), methods)
+
+
+def _identity(x: Any) -> Any:
+  return x
+
+
+def map_variables(target: Target, mapped_collections: Filter = True,
+                  trans_in_fn: Callable[..., Any] = _identity,
+                  trans_out_fn: Callable[..., Any] = _identity, init: bool = False,
+                  mutable: bool = False, rngs: Filter = True, variables: Filter = True,
+                  methods: Any = None) -> Target:
+  """Shows a Module class or method a mapped view of some collections (``lift.map_variables``).
+
+  >>> TiedDecoder = map_variables(Dense, 'params', transpose, transpose, init=True)
+  """
+  return lift_transform(MAP_VARIABLES, target, dict(
+      mapped_collections=mapped_collections, trans_in_fn=trans_in_fn,
+      trans_out_fn=trans_out_fn, init=init, mutable=mutable, rngs=rngs,
+      variables=variables), methods)
+
+
+def remat_scan(target: Target, lengths: Sequence[int] = (), policy: Callable[..., bool] | None = None,
+               variable_broadcast: Filter = False, variable_carry: Filter = False,
+               variable_axes: Mapping[Filter, int] = {True: 0},  # noqa: B006
+               split_rngs: Mapping[Filter, bool] = {True: True},  # noqa: B006
+               metadata_params: Mapping[Any, Any] = {}) -> Target:  # noqa: B006
+  """Repeats ``f(self, carry) -> carry`` ``prod(lengths)`` times as nested rematerialised scans.
+
+  >>> Stack = remat_scan(Block, lengths=(2, 3))
+  """
+  return lift_transform(REMAT_SCAN, target, dict(
+      lengths=lengths, policy=policy, variable_broadcast=variable_broadcast,
+      variable_carry=variable_carry, variable_axes=variable_axes, split_rngs=split_rngs,
+      metadata_params=metadata_params))
+
+
+def _metadata_fn(fn, axis: int, metadata_params: Mapping[Any, Any]):
+  return functools.partial(fn, axis=axis, metadata_params=metadata_params)
+
+
+def add_metadata_axis(target: Target, variable_axes: Mapping[Filter, int] = {},  # noqa: B006
+                      metadata_params: dict[Any, Any] = {}) -> Target:  # noqa: B006
+  """Adds an axis to the ``AxisMetadata`` boxes of collections created inside (outside view).
+
+  >>> Stacked = add_metadata_axis(Block, variable_axes={'params': 0},
+  ...                             metadata_params={PARTITION_NAME: 'layers'})
+  """
+  for col, axis in variable_axes.items():
+    target = map_variables(target, col,
+                           trans_in_fn=_metadata_fn(remove_axis, axis, metadata_params),
+                           trans_out_fn=_metadata_fn(add_axis, axis, metadata_params),
+                           mutable=True)
+  return target

@@ -1,0 +1,229 @@
+"""Parity with flax.linen: each model is written once, as a function of the ``nn`` namespace.
+
+For every model: the same variable tree (paths, shapes, dtypes) and the same
+outputs when both libraries apply the same variables; for models without scan
+or jit, also the same initial values for the same key.
+"""
+import functools
+
+import flax.linen as flax_nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import linen_ext
+
+KEY = jax.random.key(0)
+RNGS = {'params': KEY, 'dropout': jax.random.key(1)}
+
+
+def mlp(nn):
+  class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      h = nn.relu(nn.Dense(8, name='hidden')(x))
+      return nn.Dense(2, name='out')(h)
+  return MLP(), (jnp.linspace(-1, 1, 12).reshape(3, 4),), {}
+
+
+def cnn(nn):
+  class CNN(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      x = nn.relu(nn.Conv(4, (3, 3))(x))
+      x = nn.max_pool(x, (2, 2), strides=(1, 1), padding='SAME')
+      x = nn.relu(nn.Conv(8, (3, 3), padding='VALID')(x))
+      x = nn.max_pool(x, (2, 2), strides=(2, 2))
+      return nn.Dense(3)(x.reshape(x.shape[0], -1))
+  return CNN(), (jnp.linspace(-1, 1, 2 * 10 * 10).reshape(2, 10, 10, 1),), {}
+
+
+def lstm(nn):
+  class LSTM(nn.Module):
+    @nn.compact
+    def __call__(self, xs):
+      cell = nn.scan(nn.LSTMCell, variable_broadcast='params', split_rngs={'params': False},
+                     in_axes=1, out_axes=1)(features=5)
+      carry = cell.initialize_carry(jax.random.key(2), xs[:, 0].shape)
+      _, ys = cell(carry, xs)
+      return ys
+  return LSTM(), (jnp.linspace(-1, 1, 2 * 6 * 3).reshape(2, 6, 3),), {}
+
+
+def transformer_block(nn):
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x, train):
+      h = nn.LayerNorm()(x)
+      h = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8,
+                                             deterministic=not train)(h)
+      x = x + nn.Dropout(0.1)(h, deterministic=not train)
+      h = nn.Dense(16)(nn.LayerNorm()(x))
+      h = nn.Dense(8)(nn.gelu(h))
+      return x + nn.Dropout(0.1)(h, deterministic=not train)
+  return Block(), (jnp.linspace(-1, 1, 2 * 5 * 8).reshape(2, 5, 8), True), {}
+
+
+def batchnorm_dropout(nn):
+  class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x, train):
+      x = nn.Dense(6)(x)
+      x = nn.BatchNorm(use_running_average=not train, momentum=0.8)(x)
+      x = nn.Dropout(0.5)(x, deterministic=not train)
+      return nn.Dense(2)(nn.relu(x))
+  return Net(), (jnp.linspace(-1, 1, 20).reshape(5, 4), True), {}
+
+
+def ensemble(nn):
+  class Member(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(2)(nn.tanh(nn.Dense(4)(x)))
+
+  class Ensemble(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      members = nn.vmap(Member, variable_axes={'params': 0}, split_rngs={'params': True},
+                        in_axes=None, axis_size=3)
+      return members()(x).mean(0)
+  return Ensemble(), (jnp.linspace(-1, 1, 8).reshape(2, 4),), {}
+
+
+def scanned_layers(nn):
+  class Layer(nn.Module):
+    @nn.compact
+    def __call__(self, x, _):
+      return nn.tanh(nn.Dense(4)(x)), None
+
+  class Stack(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      layers = nn.scan(Layer, variable_axes={'params': 0}, split_rngs={'params': True},
+                       length=3)
+      x, _ = layers(name='layers')(x, None)
+      return x
+  return Stack(), (jnp.linspace(-1, 1, 8).reshape(2, 4),), {}
+
+
+def remat_block(nn):
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(4)(nn.gelu(nn.Dense(8)(x)))
+
+  class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      x = nn.remat(Block)()(x)
+      return nn.checkpoint(Block, prevent_cse=False)(name='second')(x)
+  return Net(), (jnp.linspace(-1, 1, 8).reshape(2, 4),), {}
+
+
+def jitted_block(nn):
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(4)(x)
+
+  class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      block = nn.jit(Block)()
+      return block(block(x)) + nn.jit(Block)(name='other')(x)
+  return Net(), (jnp.linspace(-1, 1, 8).reshape(2, 4),), {}
+
+
+def tied_autoencoder(nn):
+  def transpose(variables):
+    return jax.tree_util.tree_map(lambda a: a.T if a.ndim == 2 else a, variables)
+
+  class AutoEncoder(nn.Module):
+    def setup(self):
+      self.encoder = nn.Dense(3, use_bias=False)
+      self.decoder = nn.map_variables(nn.Dense, 'params', transpose, transpose, init=True)(
+          4, use_bias=False)
+
+    def __call__(self, x):
+      z = self.encoder(x)
+      return self.decoder(z)
+  return AutoEncoder(), (jnp.linspace(-1, 1, 8).reshape(2, 4),), {}
+
+
+def setup_submodules(nn):
+  class Model(nn.Module):
+    vocab: int = 7
+
+    def setup(self):
+      self.embed = nn.Embed(self.vocab, 4)
+      self.blocks = [nn.Dense(4), nn.Dense(4)]
+      self.norm = nn.RMSNorm()
+
+    def __call__(self, tokens):
+      x = self.embed(tokens)
+      for block in self.blocks:
+        x = x + nn.relu(block(x))
+      return self.embed.attend(self.norm(x))
+  return Model(), (jnp.array([[1, 2, 3], [4, 5, 6]]),), {}
+
+
+def gru_unrolled(nn):
+  class Net(nn.Module):
+    @nn.compact
+    def __call__(self, xs):
+      cell = nn.GRUCell(3)
+      carry = cell.initialize_carry(jax.random.key(3), xs[:, 0].shape)
+      ys = []
+      for t in range(xs.shape[1]):
+        carry, y = cell(carry, xs[:, t])
+        ys.append(y)
+      return jnp.stack(ys, 1)
+  return Net(), (jnp.linspace(-1, 1, 2 * 4 * 3).reshape(2, 4, 3),), {}
+
+
+MODELS = [mlp, cnn, lstm, transformer_block, batchnorm_dropout, ensemble, scanned_layers,
+          remat_block, jitted_block, tied_autoencoder, setup_submodules, gru_unrolled]
+SAME_INIT_VALUES = {mlp, cnn, transformer_block, batchnorm_dropout, ensemble, remat_block,
+                    tied_autoencoder, setup_submodules, gru_unrolled}
+
+
+def signature(variables):
+  return jax.tree_util.tree_map(lambda a: (a.shape, a.dtype), variables)
+
+
+def assert_close(a, b):
+  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-6)
+
+
+@functools.cache
+def initialised(make, lib):
+  model, args, kwargs = make(lib)
+  return model, args, kwargs, model.init(RNGS, *args, **kwargs)
+
+
+@pytest.mark.parametrize('make', MODELS, ids=lambda m: m.__name__)
+def test_same_variable_tree(make):
+  *_, ours = initialised(make, linen_ext)
+  *_, theirs = initialised(make, flax_nn)
+  assert signature(ours) == signature(theirs)
+
+
+@pytest.mark.parametrize('make', sorted(SAME_INIT_VALUES, key=lambda m: m.__name__),
+                         ids=lambda m: m.__name__)
+def test_same_initial_values(make):
+  *_, ours = initialised(make, linen_ext)
+  *_, theirs = initialised(make, flax_nn)
+  assert_close(ours, theirs)
+
+
+@pytest.mark.parametrize('make', MODELS, ids=lambda m: m.__name__)
+def test_same_outputs_on_the_same_variables(make):
+  model, args, kwargs, _ = initialised(make, linen_ext)
+  flax_model, *_, variables = initialised(make, flax_nn)
+  mutable = ['batch_stats'] if 'batch_stats' in variables else False
+  ours = model.apply(variables, *args, rngs=RNGS, mutable=mutable, **kwargs)
+  theirs = flax_model.apply(variables, *args, rngs=RNGS, mutable=mutable, **kwargs)
+  assert_close(ours, theirs)
