@@ -17,5 +17,6 @@ from lift.rng import RngStream
 from lift.scope import Scope, Variable
 from lift.scan import broadcast, remat_scan, scan
 from lift.vmap import vmap
+from lift.shard_map import shard_map
 
 _compat.hide_from_tracebacks(__file__)

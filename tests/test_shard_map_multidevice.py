@@ -1,0 +1,204 @@
+"""lift.shard_map on 8 simulated CPU devices.
+
+JAX fixes the device count when it starts, so the checks run in one child
+interpreter started with ``--xla_force_host_platform_device_count=8``; each
+test reports one check's result.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import lift
+from lift import errors
+from lift.rng import fold_in_static
+from tests.scope_models import counter
+
+CHECKS = {}
+RESULT_MARK = 'SHARD_MAP_RESULTS='
+X = jnp.linspace(-1.0, 1.0, 32).reshape(4, 8)
+
+
+def check(fn):
+  CHECKS[fn.__name__] = fn
+  return fn
+
+
+def _mesh(axis_type=AxisType.Auto):
+  return jax.make_mesh((2, 4), ('data', 'model'), axis_types=(axis_type, axis_type))
+
+
+def row_parallel_dense(scope, x):
+  """A dense layer whose input features (and kernel rows) are split over 'model'."""
+  w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1], 3))
+  return jax.lax.psum(x @ w, 'model')
+
+
+def _draw(key, shape):
+  """The kernel that `row_parallel_dense` creates from ``key`` (first draw, no suffix)."""
+  return jax.nn.initializers.lecun_normal()(fold_in_static(key, (1,)), shape)
+
+
+def _row_parallel(mesh, split):
+  return lift.shard_map(row_parallel_dense, mesh=mesh, in_specs=P('data', 'model'),
+                        out_specs=P('data'), variable_specs={'params': P('model')},
+                        split_rngs={'params': split})
+
+
+@check
+def split_params_are_the_per_shard_draws_concatenated():
+  key = jax.random.key(0)
+  y, variables = lift.init(_row_parallel(_mesh(), 'model'))(key, X)
+  # Shard i along 'model' draws its (2, 3) rows from split(key, 4)[i].
+  expected = jnp.concatenate([_draw(k, (2, 3)) for k in jax.random.split(key, 4)])
+  np.testing.assert_allclose(variables['params']['w'], expected, rtol=1e-6)
+  np.testing.assert_allclose(y, X @ expected, rtol=1e-5)
+  np.testing.assert_allclose(lift.apply(_row_parallel(_mesh(), 'model'))(variables, X), y, rtol=1e-6)
+
+
+@check
+def unsplit_stream_gives_every_shard_the_same_key():
+  key = jax.random.key(0)
+  _, variables = lift.init(_row_parallel(_mesh(), False))(key, X)
+  expected = jnp.concatenate([_draw(key, (2, 3))] * 4)
+  np.testing.assert_allclose(variables['params']['w'], expected, rtol=1e-6)
+
+
+@check
+def split_over_every_axis_gives_each_device_its_key():
+  def local(scope, x):
+    return x + jax.random.normal(scope.make_rng('noise'), x.shape)
+
+  sharded = lift.shard_map(local, mesh=_mesh(), in_specs=P('data', 'model'),
+                           out_specs=P('data', 'model'), split_rngs={'noise': True})
+  key = jax.random.key(3)
+  y = lift.apply(sharded)({}, jnp.zeros((2, 4)), rngs={'noise': key})
+  keys = jax.random.split(key, 8).reshape(2, 4)
+  expected = jax.vmap(jax.vmap(lambda k: jax.random.normal(fold_in_static(k, (1,)), (1, 1))))(keys)
+  np.testing.assert_allclose(y, expected.reshape(2, 4), rtol=1e-6)
+
+
+@check
+def gradient_equals_unsharded_gradient():
+  sharded = _row_parallel(_mesh(), 'model')
+  _, variables = lift.init(sharded)(jax.random.key(0), X)
+
+  def loss(params):
+    return jnp.sum(lift.apply(sharded)({'params': params}, X) ** 2)
+
+  got = jax.jit(jax.grad(loss))(variables['params'])
+  expected = jax.grad(lambda p: jnp.sum((X @ p['w']) ** 2))(variables['params'])
+  np.testing.assert_allclose(got['w'], expected['w'], rtol=1e-5)
+
+
+@check
+def replicated_counter_survives():
+  sharded = lift.shard_map(counter, mesh=_mesh(), in_specs=P('data'), out_specs=P('data'),
+                           variable_specs={'counter': P()})
+  _, variables = lift.init(sharded)(jax.random.key(0), X)
+  assert int(variables['counter']['count']) == 1
+  _, updated = lift.apply(sharded, mutable=['counter'])(variables, X)
+  assert int(updated['counter']['count']) == 2
+  try:
+    lift.apply(sharded)(variables, X)
+  except errors.ImmutableCollectionError as error:
+    assert 'counter' in str(error)
+  else:
+    raise AssertionError('an immutable counter was written')
+
+
+@check
+def collection_without_spec_raises():
+  sharded = lift.shard_map(counter, mesh=_mesh(), in_specs=P('data'), out_specs=P('data'),
+                           variable_specs={'params': P()})
+  try:
+    lift.init(sharded)(jax.random.key(0), X)
+  except errors.UnmappedCollectionError as error:
+    assert "'counter'" in str(error)
+  else:
+    raise AssertionError('no UnmappedCollectionError')
+
+
+@check
+def replicated_stats_reduced_with_pmean():
+  def normalize(scope, x):
+    mean = jax.lax.pmean(x.mean(0), 'data')
+    stats = scope.variable('batch_stats', 'mean', jnp.zeros, mean.shape)
+    stats.value = 0.9 * stats.value + 0.1 * mean
+    return x - mean[None]
+
+  sharded = lift.shard_map(normalize, mesh=_mesh(), in_specs=P('data'), out_specs=P('data'),
+                           variable_specs={'batch_stats': P()})
+  y, variables = lift.init(sharded)(jax.random.key(0), X)
+  np.testing.assert_allclose(variables['batch_stats']['mean'], 0.1 * X.mean(0), rtol=1e-6)
+  np.testing.assert_allclose(y, X - X.mean(0, keepdims=True), rtol=1e-6, atol=1e-7)
+
+
+@check
+def explicit_mesh_with_sharded_inputs():
+  mesh = _mesh(AxisType.Explicit)
+  x = jax.sharding.reshard(X, NamedSharding(mesh, P('data', 'model')))
+  key = jax.random.key(0)
+  y, variables = lift.init(_row_parallel(mesh, 'model'))(key, x)
+  expected = jnp.concatenate([_draw(k, (2, 3)) for k in jax.random.split(key, 4)])
+  np.testing.assert_allclose(variables['params']['w'], expected, rtol=1e-6)
+  np.testing.assert_allclose(lift.apply(_row_parallel(mesh, 'model'))(variables, x), y, rtol=1e-6)
+
+
+@check
+def bad_arguments_fail_when_built():
+  cases = [
+      (dict(mesh='mesh'), 'is not a jax.sharding.Mesh'),
+      (dict(variable_specs={'params': ('model',)}), "variable_specs['params']"),
+      (dict(split_rngs={'params': 'rows'}), "split_rngs['params'] = 'rows'"),
+  ]
+  for kwargs, match in cases:
+    arguments = {**dict(mesh=_mesh(), in_specs=P(), out_specs=P()), **kwargs}
+    try:
+      lift.shard_map(counter, **arguments)
+    except errors.InvalidAxisError as error:
+      assert match in str(error), (match, str(error))
+    else:
+      raise AssertionError(f'no error for {kwargs}')
+
+
+def run_checks():
+  """Child entry point: runs every check, prints the results as one JSON line."""
+  jax.config.update('jax_numpy_dtype_promotion', 'strict')
+  jax.config.update('jax_numpy_rank_promotion', 'raise')
+  assert jax.device_count() == 8, jax.devices()
+  results = {}
+  for name, fn in CHECKS.items():
+    try:
+      fn()
+      results[name] = 'ok'
+    except Exception:  # noqa: BLE001 (reported to the parent test)
+      results[name] = traceback.format_exc()
+  print(RESULT_MARK + json.dumps(results))
+
+
+@pytest.fixture(scope='module')
+def results():
+  root = pathlib.Path(__file__).resolve().parents[1]
+  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8',
+         'JAX_PLATFORMS': 'cpu'}
+  code = 'import tests.test_shard_map_multidevice as t; t.run_checks()'
+  proc = subprocess.run([sys.executable, '-c', code], cwd=root, env=env,
+                        capture_output=True, text=True, timeout=300)
+  lines = [l for l in proc.stdout.splitlines() if l.startswith(RESULT_MARK)]
+  assert lines, f'child failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}'
+  return json.loads(lines[-1][len(RESULT_MARK):])
+
+
+@pytest.mark.parametrize('name', list(CHECKS))
+def test_shard_map(results, name):
+  assert results[name] == 'ok', results[name]
