@@ -12,6 +12,7 @@ from lift.causal import rules_time as _rules_time
 from lift.causal.api import Prefilled, ScanCarry, as_scan, as_scan_with_prefill
 from lift.causal.attention import KVCache, causal_self_attention
 from lift.causal.custom import CustomCausal, custom_causal
+from lift.causal.forms import stateful, stateless
 from lift.causal.interpreter import (
     Eqn, NotCausal, Operand, ScanRule, StepForm, Stream, register_scan_rule)
 

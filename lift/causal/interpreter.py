@@ -31,7 +31,7 @@ from lift.errors import ScanConversionError
 
 NO_RULE = (
     "as_scan has no rule for primitive `{name}` (at {where}), and its "
-    "operands {operands} vary along the scan axis. If `{name}` is causal "
+    "operands ({operands}) vary along time. If `{name}` is causal "
     "along that axis, register a rule with "
     "lift.register_scan_rule({name}_p, rule); if it is part of a causal "
     "composite, wrap the composite with @lift.custom_causal."
@@ -45,9 +45,9 @@ BAD_RULE = (
     "{want}. A rule returns one entry of StepForm.outs per result."
 )
 AHEAD = (
-    "`{name}` at {where} gives a result whose element t needs element "
-    "t + {ahead} of its operand, which comes later along the scan axis "
-    "(anti-causal); the result cannot be computed step by step."
+    "as_scan cannot convert `{name}` at {where}: element t of its result "
+    "needs element t + {ahead} of its input, which comes later along the "
+    "scan axis (anti-causal)."
 )
 
 
@@ -193,7 +193,8 @@ def _info(var, infos: _Env) -> Info:
 
 def convert(jaxpr: _compat.Jaxpr, consts: Sequence[Any],
             in_infos: Sequence[Info], in_known: Sequence[Any],
-            out_offsets: Sequence[int | None] | None = None) -> Program:
+            out_offsets: Sequence[int | None] | None = None,
+            where: str = "") -> Program:
   """Converts `jaxpr` into a `Program`, applying one rule per equation.
 
   Args:
@@ -202,6 +203,8 @@ def convert(jaxpr: _compat.Jaxpr, consts: Sequence[Any],
     in_known: per invar, its value when known at conversion time, else None.
     out_offsets: per output, the offset it must have (later results are
       delayed, earlier ones raise), or None to keep its own.
+    where: the location to report for equations without a user location
+      (those inside library functions): the enclosing call's.
   """
   infos, known = _Env(), _Env(dict(zip(jaxpr.constvars, consts)))
   infos.write(jaxpr.invars, in_infos)
@@ -209,22 +212,22 @@ def convert(jaxpr: _compat.Jaxpr, consts: Sequence[Any],
   instrs = []
   for eqn in jaxpr.eqns:
     op_infos = [_info(v, infos) for v in eqn.invars]
-    _check_no_poison(eqn, op_infos)
+    eqn_where = _compat.source_summary(eqn) or where
+    _check_no_poison(eqn, op_infos, eqn_where)
     if all(info is None for info in op_infos):
       instrs.extend(_convert_unscanned(eqn, infos, known))
     else:
-      instrs.append(_convert_stream(eqn, op_infos, infos, known))
+      instrs.append(_convert_stream(eqn, op_infos, infos, known, eqn_where))
   out_infos = [_info(v, infos) for v in jaxpr.outvars]
   out_infos, out_delays = _align_outputs(out_infos, out_offsets)
   return Program(jaxpr, tuple(instrs), known.values, out_infos, out_delays)
 
 
-def _check_no_poison(eqn, op_infos) -> None:
+def _check_no_poison(eqn, op_infos, where: str) -> None:
   for info in op_infos:
     if isinstance(info, NotCausal):
       raise ScanConversionError(NOT_CAUSAL_USE.format(
-          message=info.message, name=eqn.primitive.name,
-          where=_compat.source_summary(eqn)))
+          message=info.message, name=eqn.primitive.name, where=where))
 
 
 def _convert_unscanned(eqn, infos: _Env, known: _Env) -> list[Instr]:
@@ -248,13 +251,13 @@ def hoist(eqn, args: list) -> list:
     return _compat.bind_equation(eqn, args)
 
 
-def _convert_stream(eqn, op_infos, infos: _Env, known: _Env) -> Instr:
+def _convert_stream(eqn, op_infos, infos: _Env, known: _Env,
+                    where: str) -> Instr:
   offset = min(info.offset for info in op_infos if info is not None)
   operands = tuple(
       Operand(v.aval, None if i is None else Stream(i.axis, offset),
               known.read(v))
       for v, i in zip(eqn.invars, op_infos))
-  where = _compat.source_summary(eqn)
   view = Eqn(eqn.primitive, operands, tuple(v.aval for v in eqn.outvars),
              offset, where)
   rule = SCAN_RULES.get(eqn.primitive)

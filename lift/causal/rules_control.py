@@ -59,7 +59,7 @@ def call_rule(param: str):
     jaxpr, consts = _jaxpr_and_consts(params[param])
     program = interpreter.convert(
         jaxpr, consts, [op.stream for op in eqn.operands],
-        [op.known for op in eqn.operands])
+        [op.known for op in eqn.operands], where=eqn.where)
     return program_form(eqn, program)
 
   return rule
@@ -129,7 +129,7 @@ def _carry_infos(eqn: Eqn, jaxpr, num_consts, num_carry):
     program = interpreter.convert(
         jaxpr.jaxpr, jaxpr.consts, in_infos, known,
         [None if i is None else i.offset for i in infos] + [None] * (
-            len(jaxpr.jaxpr.outvars) - num_carry))
+            len(jaxpr.jaxpr.outvars) - num_carry), where=eqn.where)
     after = list(program.out_infos[:num_carry])
     if after == infos:
       return infos, program

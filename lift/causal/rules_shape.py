@@ -17,8 +17,8 @@ MERGES_TIME = (
     "reshape only the trailing axes."
 )
 SQUEEZES_TIME = (
-    "it removes the scan axis {axis} (a sequence of length 1); the result "
-    "no longer varies along time."
+    "it removes the scan axis {axis}, as xs[0] does; a fixed position of the "
+    "sequence is not one element per step. Index other axes instead."
 )
 REVERSES_TIME = (
     "it reverses the scan axis {axis} (e.g. xs[::-1]); element t of the "
