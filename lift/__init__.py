@@ -18,5 +18,11 @@ from lift.scope import Scope, Variable
 from lift.scan import broadcast, remat_scan, scan
 from lift.vmap import vmap
 from lift.shard_map import shard_map
+from lift.autodiff import custom_vjp, jvp, value_and_grad, vjp
+from lift.checkpoint import checkpoint, remat
+from lift.control_flow import cond, switch, while_loop
+from lift.fold_rngs import fold_rngs
+from lift.jit import jit
+from lift.map_variables import map_variables, swap_collection
 
 _compat.hide_from_tracebacks(__file__)
