@@ -8,6 +8,7 @@ the ``lift`` transform and the method runs on a clone bound to the inner scopes.
 """
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -88,13 +89,41 @@ def _transform_class(spec: TransformSpec, target: Any, methods: Any, options: di
   return functools.partial(cls, *partial.args, **partial.keywords) if partial else cls
 
 
+# Transformed classes by (transform, class, options): ``nn.jit(Block)`` written inside a
+# compact method gives the same class, hence the same compiled function, on every call.
+_CLASSES: collections.OrderedDict = collections.OrderedDict()
+_CLASSES_SIZE = 1024
+
+
+def _freeze(value: Any) -> Any:
+  if isinstance(value, Mapping):
+    return (Mapping, tuple((k, _freeze(v)) for k, v in value.items()))
+  if isinstance(value, (list, tuple)):
+    return (type(value), tuple(_freeze(v) for v in value))
+  return value
+
+
+def _cached_class(spec: TransformSpec, target: Any, methods: Any, options: dict):
+  key = (spec.name, target, _freeze(methods), _freeze(options))
+  try:
+    hash(key)
+  except TypeError:
+    return _transform_class(spec, target, methods, options)
+  if key not in _CLASSES:
+    _CLASSES[key] = _transform_class(spec, target, methods, options)
+    if len(_CLASSES) > _CLASSES_SIZE:
+      _CLASSES.popitem(last=False)
+  _CLASSES.move_to_end(key)
+  return _CLASSES[key]
+
+
 def lift_transform(spec: TransformSpec, target: Target, options: dict,
                    methods: Any = None) -> Target:
   """Applies ``spec`` to a Module class (a new class) or a method (a decorated method)."""
   if isinstance(target, Module) or not callable(target):
     raise errors.TransformTargetError(spec.name, target)
   if is_module_class(target):
-    return _transform_class(spec, target, methods, options)
+    return _cached_class(spec, target, methods, options)
   return _method(spec, wrap_method(target), options, None)
 
 

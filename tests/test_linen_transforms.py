@@ -1,0 +1,302 @@
+"""Module transforms: class and decorator forms, naming, setup inside, jit caching, misuse.
+
+Oracles: flax.linen on the same model source (variable trees and values), and
+the class form against the decorator form of the same transform.
+"""
+import functools
+
+import flax.linen as flax_nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import linen_ext as nn
+from linen_ext import errors
+
+KEY = jax.random.key(0)
+X = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
+
+
+def assert_same(a, b):
+  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-6)
+
+
+def init_and_apply(model, *args, **kwargs):
+  variables = model.init(KEY, *args, **kwargs)
+  return variables, model.apply(variables, *args, **kwargs)
+
+
+# -- the same model, transformed as a class and through a decorated method ---------------
+
+TRANSFORMS = {
+    'vmap': dict(variable_axes={'params': 0}, split_rngs={'params': True}),
+    'scan': dict(variable_axes={'params': 0}, split_rngs={'params': True}, length=3),
+    'checkpoint': dict(prevent_cse=False),
+    'jit': dict(),
+    'map_variables': dict(mapped_collections='params', init=True,
+                          trans_in_fn=lambda v: jax.tree_util.tree_map(lambda a: 2 * a, v),
+                          trans_out_fn=lambda v: jax.tree_util.tree_map(lambda a: a / 2, v)),
+    'remat_scan': dict(lengths=(2, 2)),
+}
+STEP = {'scan': lambda y: (y, y.sum()), 'remat_scan': lambda y: y}
+
+
+def block_classes(transform, options):
+  step = STEP.get(transform, lambda y: y)
+
+  class Block(nn.Module):
+    def setup(self):
+      self.dense = nn.Dense(4)
+
+    def __call__(self, x, *rest):
+      return step(nn.tanh(self.dense(x)))
+
+  class Decorated(nn.Module):
+    def setup(self):
+      self.dense = nn.Dense(4)
+
+    @functools.partial(getattr(nn, transform), **options)
+    def __call__(self, x, *rest):
+      return step(nn.tanh(self.dense(x)))
+
+  return getattr(nn, transform)(Block, **options), Decorated
+
+
+@pytest.mark.parametrize('transform', sorted(TRANSFORMS))
+def test_class_and_decorator_forms_agree(transform):
+  transformed, decorated = block_classes(transform, TRANSFORMS[transform])
+  args = (X, None) if transform == 'scan' else (X,)
+  v_class, y_class = init_and_apply(transformed(name='block'), *args)
+  v_method, y_method = init_and_apply(decorated(name='block'), *args)
+  assert_same(v_class, v_method)
+  assert_same(y_class, y_method)
+
+
+def test_transformed_class_names_follow_flax():
+  def make(nn):
+    class Dense2(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return nn.Dense(2)(x)
+
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        y = nn.vmap(Dense2, variable_axes={'params': 0}, split_rngs={'params': True})()(x)
+        y = nn.remat(Dense2)()(y) + nn.jit(Dense2)()(y)
+        return nn.map_variables(Dense2, 'params', init=True)()(y)
+    return Model()
+
+  ours, theirs = make(nn).init(KEY, X), make(flax_nn).init(KEY, X)
+  assert set(ours['params']) == set(theirs['params']) == {
+      'VmapDense2_0', 'CheckpointDense2_0', 'JitDense2_0', 'Map_variablesDense2_0'}
+  assert nn.vmap(nn.Dense).__name__ == 'VmapDense'
+
+
+def test_methods_list_and_per_method_options():
+  class Pair(nn.Module):
+    def setup(self):
+      self.dense = nn.Dense(3)
+
+    def encode(self, x):
+      return self.dense(x)
+
+    def __call__(self, x):
+      return self.encode(x)
+
+  axes = dict(variable_axes={'params': 0}, split_rngs={'params': True})
+  by_list = nn.vmap(Pair, methods=['encode', '__call__'], **axes)
+  by_dict = nn.vmap(Pair, methods={'encode': axes, '__call__': axes})
+  v_list = by_list().init(KEY, X, method='encode')
+  v_dict = by_dict().init(KEY, X, method='encode')
+  assert_same(v_list, v_dict)
+  assert v_list['params']['dense']['kernel'].shape == (2, 4, 3)
+
+
+def test_setup_submodules_and_field_modules_inside_transforms_match_flax():
+  def make(nn):
+    class Shared(nn.Module):
+      head: nn.Module  # created by the parent, lifted with this module's scope
+
+      def setup(self):
+        self.body = nn.Dense(4)
+
+      @functools.partial(nn.vmap, variable_axes={'params': 0}, split_rngs={'params': True})
+      def __call__(self, x):
+        return self.head(nn.relu(self.body(x)))
+
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return Shared(nn.Dense(2, name='head'))(x)
+    return Model()
+
+  ours, theirs = make(nn).init(KEY, X), make(flax_nn).init(KEY, X)
+  assert_same(ours, theirs)
+  assert ours['params']['head']['kernel'].shape == (2, 4, 2)
+  assert_same(make(nn).apply(ours, X), make(flax_nn).apply(theirs, X))
+
+
+def test_modules_and_variables_passed_as_arguments_are_lifted():
+  class Apply(nn.Module):
+    @functools.partial(nn.vmap, variable_axes={'params': None}, split_rngs={'params': False},
+                       in_axes=(0, None))
+    def __call__(self, x, layer):
+      return layer(x)
+
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      layer = nn.Dense(3)
+      return Apply()(x[None].repeat(2, 0), layer)
+
+  variables, y = init_and_apply(Model(), X)
+  kernel = variables['params']['Dense_0']['kernel']
+  assert kernel.shape == (4, 3)
+  np.testing.assert_allclose(y[0], X @ kernel, rtol=1e-6)
+
+
+# -- jit: one trace per input structure ----------------------------------------------------
+
+
+def test_jit_traces_once_per_input_structure():
+  traces = []
+
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      traces.append(x.shape)
+      return nn.Dense(4)(x)
+
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      block = nn.jit(Block)(name='block')
+      for _ in range(3):
+        x = block(x)  # the same instance, called repeatedly
+      fresh = [nn.jit(Block)(name=f'fresh{i}')(x) for i in range(2)]  # same configuration
+      return x + fresh[0] + fresh[1] + block(x[:1])
+
+  model = Model()
+  variables = model.init(KEY, X)
+  at_init = len(traces)
+  for _ in range(3):
+    model.apply(variables, X)
+  assert set(traces) == {(2, 4), (1, 4)}
+  # 18 calls in 3 applies, same instance and fresh ones: one trace per input shape.
+  assert len(traces) - at_init == 2
+
+
+def test_jit_static_argnums_count_self_and_static_argnames_work():
+  traces = []
+
+  class Scale(nn.Module):
+    @functools.partial(nn.jit, static_argnums=(2,), static_argnames=('power',))
+    @nn.compact
+    def __call__(self, x, factor, power=1):
+      traces.append((factor, power))
+      return nn.Dense(2)(x) * factor ** power
+
+  variables = Scale().init(KEY, X, 2.0, power=2)
+  y = Scale().apply(variables, X, 2.0, power=2)
+  y3 = Scale().apply(variables, X, 3.0, power=2)
+  np.testing.assert_allclose(y3 / 9.0, y / 4.0, rtol=1e-5)
+  assert {t for t in traces} == {(2.0, 2), (3.0, 2)}
+
+
+def test_checkpoint_static_argnums_count_self():
+  class Block(nn.Module):
+    @functools.partial(nn.checkpoint, static_argnums=(2,))
+    @nn.compact
+    def __call__(self, x, train):
+      return nn.Dropout(0.5)(nn.Dense(4)(x), deterministic=not train)
+
+  variables = Block().init(KEY, X, False)
+  grad = jax.grad(lambda v: Block().apply(v, X, True, rngs={'dropout': KEY}).sum())(variables)
+  assert grad['params']['Dense_0']['kernel'].shape == (4, 4)
+
+
+# -- scan with state created inside during init --------------------------------------------
+
+
+def test_scan_carries_batch_stats_created_inside_at_init():
+  class Step(nn.Module):
+    @nn.compact
+    def __call__(self, x, _):
+      y = nn.BatchNorm(use_running_average=False, momentum=0.5)(nn.Dense(4)(x))
+      return y, y.mean()
+
+  class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      steps = nn.scan(Step, variable_broadcast='params', variable_carry='batch_stats',
+                      split_rngs={'params': False}, length=3)
+      return steps(name='steps')(x, None)
+
+  variables = Net().init(KEY, X)
+  assert variables['batch_stats']['steps']['BatchNorm_0']['mean'].shape == (4,)
+  (y, means), updated = Net().apply(variables, X, mutable=['batch_stats'])
+  assert means.shape == (3,)
+  # The oracle: the same three steps, unrolled.
+  class Unrolled(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      step = Step(name='steps')
+      for _ in range(3):
+        x, _ = step(x, None)
+      return x
+
+  y_unrolled, updated_unrolled = Unrolled().apply(variables, X, mutable=['batch_stats'])
+  assert_same((y, updated), (y_unrolled, updated_unrolled))
+
+
+# -- misuse ---------------------------------------------------------------------------------
+
+
+def test_transforming_an_instance_is_an_error():
+  with pytest.raises(errors.TransformTargetError, match=r'Module class or a method.*nn.vmap'):
+    nn.vmap(nn.Dense(3), variable_axes={'params': 0})
+
+
+def test_returning_a_module_from_a_transformed_method_is_an_error():
+  class Leaky(nn.Module):
+    @nn.jit
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(2)
+
+  class Leaky2(nn.Module):
+    @functools.partial(nn.checkpoint)
+    @nn.compact
+    def __call__(self, x):
+      return x, self.variable('state', 'v', jnp.zeros, ())
+
+  with pytest.raises(errors.TransformedReturnError, match=r'"__call__".*nn.jit.*returned a Dense'):
+    Leaky().init(KEY, X)
+  with pytest.raises(errors.TransformedReturnError, match='returned a Variable'):
+    Leaky2().init(KEY, X)
+
+
+def test_wrong_static_argnums_is_an_error_at_decoration():
+  with pytest.raises(errors.StaticArgnumsError, match=r'position 3.*\[.self., .x., .train.\]'):
+    class Block(nn.Module):  # noqa: F841
+      @functools.partial(nn.jit, static_argnums=(3,))
+      def __call__(self, x, train):
+        return x
+  with pytest.raises(errors.StaticArgnumsError, match='non-negative'):
+    nn.checkpoint(nn.Dense, static_argnums=(-1,))
+
+
+def test_bad_methods_argument():
+  with pytest.raises(errors.TransformMethodsError, match='methods must be None'):
+    nn.jit(nn.Dense, methods='__call__')
+  with pytest.raises(errors.NotAMethodError, match='"encode"'):
+    nn.jit(nn.Dense, methods=['encode'])
+
+
+def test_calling_a_transformed_method_outside_apply():
+  with pytest.raises(errors.UnboundModuleError, match='nn.jit'):
+    nn.jit(nn.Dense)(2)(X)
