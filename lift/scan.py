@@ -3,17 +3,17 @@
 A step is ``fn(scope, carry, *xs) -> (carry, ys)``. Per collection, variables
 are *scanned* (``variable_axes``: step ``i`` sees slice ``i``; what it writes is
 stacked), *carried* (``variable_carry``: step ``i`` sees what step ``i - 1``
-wrote) or *broadcast* (``variable_broadcast``: every step sees the values from
-before the loop; what a step writes must not depend on the carry or the scanned
-inputs, and is returned). The loop itself is `lift.loops.run_scan`, so ``remat``
-means what it means for every loop of the project.
+wrote) or *broadcast* (``variable_broadcast``: shared by every step). The loop
+itself is `lift.loops.run_scan`, so ``remat`` means what it means for every
+loop of the project.
 
-Before the loop, the step is traced once without running it (``make_jaxpr``)
-to learn what it writes. That trace finds broadcast values that depend on the
-loop, and carry variables that the step creates (as during init); then the
-first step runs on its own before the loop, exactly as the unrolled Python loop
-would run it, and the loop runs the others. notes/0002-lifted-transforms.md
-states the semantics as equations.
+Before the loop, a pre-pass traces one step without running it
+(``make_jaxpr``). From that trace, what the step writes to broadcast
+collections (and outputs with ``out_axes=broadcast``) is checked not to depend
+on the loop and is computed once, running only the equations it needs; and
+carry variables that the step creates (as during init) make the first step run
+on its own before the loop, exactly as in the unrolled Python loop.
+notes/0002-lifted-transforms.md states the semantics as equations.
 """
 from __future__ import annotations
 
@@ -40,11 +40,12 @@ from lift.vmap import (check_axis_leaves, check_size, check_split_rngs,
 _DEPENDS_ON_LOOP = (
     'scan: these values are loop-invariant (a broadcast variable, or an output '
     'with out_axes=lift.broadcast) but depend on the carry, on the scanned '
-    'inputs or on a split rng stream:\n{labels}\nA broadcast value is computed '
-    'once for all steps, so it cannot change from step to step. Fix: compute '
-    'it from values outside the loop only (for parameters: '
-    "split_rngs={{'params': False}}), or make the collection a carry "
-    "(variable_carry='{example}') or a scanned one (variable_axes={{'{example}': 0}}).")
+    'inputs or on a split rng stream:\n{labels}\nA loop-invariant value is '
+    'computed once for all steps, so it cannot change from step to step. Fix: '
+    'compute it from values outside the loop only (for parameters created '
+    "inside: split_rngs={{'params': False}}); or give its collection a per-step "
+    "rule (variable_carry=['name'] or variable_axes={{'name': 0}}); or give the "
+    'output an out axis.')
 _BAD_LENGTHS = (
     'remat_scan: lengths={lengths!r} is not a non-empty sequence of positive '
     'ints. Each entry is the number of steps of one nesting level; the body runs '
@@ -239,9 +240,8 @@ def _check_invariant(jaxpr: Any, invariant: Invariant):
   labels = _invariant_labels(invariant)
   bad = [label for label, dep in zip(labels, _depends_on_inputs(jaxpr)) if dep]
   if bad:
-    example = bad[0].split(' ')[-1].split('/')[0] if bad[0].startswith('broadcast') else 'params'
     raise errors.LoopInvariantError(_DEPENDS_ON_LOOP.format(
-        labels='\n'.join(f'  * {label}' for label in bad), example=example))
+        labels='\n'.join(f'  * {label}' for label in bad)))
 
 
 def _invariant_first(step: _Step, carry: LoopCarry, x: StepInputs):
@@ -432,16 +432,24 @@ def _inner_metadata(metadata_params: Mapping[Any, Any]) -> dict[Any, Any]:
   return params
 
 
-def _remat_level(body_fn, lengths: tuple[int, ...], policy, metadata_params, options):
+class _Rules(NamedTuple):
+  """The variable and rng rules that every level of a `remat_scan` shares."""
+  variable_axes: Mapping[Filter, int]
+  variable_broadcast: Filter
+  variable_carry: Filter
+  split_rngs: Mapping[Filter, bool]
+
+
+def _remat_level(body_fn, lengths: tuple[int, ...], policy, metadata_params, rules: _Rules):
   if len(lengths) == 1:
     step, remat = functools.partial(_carry_only_step, body_fn), False
   else:
-    inner = _remat_level(body_fn, lengths[1:], policy, _inner_metadata(metadata_params), options)
+    inner = _remat_level(body_fn, lengths[1:], policy, _inner_metadata(metadata_params), rules)
     step, remat = functools.partial(_carry_only_step, inner), _JaxPolicy(policy)
-  config = _ScanConfig(options['axes'], options['splits'], 0, 0, lengths[0], False, 1, None,
-                       dict(metadata_params), remat)
-  loop = _build_scan(step, options['variable_axes'], options['variable_broadcast'],
-                     options['variable_carry'], options['split_rngs'], config)
+  config = _ScanConfig(tuple(rules.variable_axes.values()), tuple(rules.split_rngs.values()),
+                       0, 0, lengths[0], False, 1, None, dict(metadata_params), remat)
+  loop = _build_scan(step, rules.variable_axes, rules.variable_broadcast,
+                     rules.variable_carry, rules.split_rngs, config)
   return functools.partial(_carry_only, loop)
 
 
@@ -473,12 +481,10 @@ def remat_scan(body_fn: Callable[..., Any], lengths: Sequence[int],
   if not (isinstance(lengths, tuple) and lengths and all(
       isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths)):
     raise errors.InvalidAxisError(_BAD_LENGTHS.format(lengths=lengths))
-  _, axes = check_variable_axes('remat_scan', variable_axes, allow_none=False)
-  _, splits = check_split_rngs('remat_scan', split_rngs)
-  options = dict(axes=axes, splits=splits, variable_axes=variable_axes,
-                 variable_broadcast=variable_broadcast, variable_carry=variable_carry,
-                 split_rngs=split_rngs)
-  return _remat_level(body_fn, lengths, policy, metadata_params, options)
+  check_variable_axes('remat_scan', variable_axes, allow_none=False)
+  check_split_rngs('remat_scan', split_rngs)
+  rules = _Rules(variable_axes, variable_broadcast, variable_carry, split_rngs)
+  return _remat_level(body_fn, lengths, policy, metadata_params, rules)
 
 
 __all__ = ['scan', 'remat_scan', 'broadcast']
