@@ -159,7 +159,8 @@ def _jvp_target(fn, scope_fn, repack_fn, other, rng_groups, jvp_variables, args)
   return fn(scope, *args), repack_fn(scope)
 
 
-def _check_tangent_collections(jvp_variables, variable_tangents, scope_fn, variable_groups, rng_groups):
+def _check_tangent_collections(jvp_variables, variable_tangents, scope_fn, variable_groups,
+                               rng_groups):
   for present, tangents in zip(jvp_variables, variable_tangents):
     for col in tangents:
       if col not in present:
@@ -172,7 +173,8 @@ def _check_tangent_collections(jvp_variables, variable_tangents, scope_fn, varia
 def _jvp_groups(fn, tangents, variable_tangents, scope_fn, repack_fn, variable_groups,
                 rng_groups, *args):
   jvp_variables, other = variable_groups
-  _check_tangent_collections(jvp_variables, variable_tangents, scope_fn, variable_groups, rng_groups)
+  _check_tangent_collections(jvp_variables, variable_tangents, scope_fn, variable_groups,
+                             rng_groups)
   target = functools.partial(_jvp_target, fn, scope_fn, repack_fn, other, rng_groups)
   (y, out_groups), (y_tangent, _) = jax.jvp(
       target, (jvp_variables, args), (variable_tangents, tuple(tangents)))

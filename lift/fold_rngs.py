@@ -19,8 +19,9 @@ from lift.pack import pack
 
 def _without_suffix(rng_groups: Any) -> tuple[Any, ...]:
   # dataclasses.replace keeps the stream's type (a `jit` stream stays one).
-  return tuple(tuple({name: dataclasses.replace(stream, suffix=()) for name, stream in streams.items()}
-                     for streams in group) for group in rng_groups)
+  return tuple(tuple({name: dataclasses.replace(stream, suffix=())
+                      for name, stream in streams.items()} for streams in group)
+               for group in rng_groups)
 
 
 def _fold_groups(fn, scope_fn, repack_fn, variable_groups, rng_groups, *args, **kwargs):

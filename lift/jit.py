@@ -310,8 +310,8 @@ def _active(call: _ActiveCall):
 def _traced_call(key: CallKey, scope_fn, repack_fn, tape: _Tape, variable_groups,
                  raw_keys, dyn_args, dyn_kwargs):
   """Runs the function on tape streams with zeroed counters; the tape records increments."""
-  rng_groups = (tuple({name: TapeStream(k, (_OUTER,), name, r, (), tape) for name, k in keys.items()}
-                      for r, keys in enumerate(raw_keys)),)
+  rng_groups = (tuple({name: TapeStream(k, (_OUTER,), name, r, (), tape)
+                       for name, k in keys.items()} for r, keys in enumerate(raw_keys)),)
   scope_tree = scope_fn(variable_groups, rng_groups)
   args, kwargs = _merge_call(key, dyn_args, dyn_kwargs)
   with zeroed(counter_roots(scope_tree)) as increments:

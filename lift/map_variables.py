@@ -101,7 +101,8 @@ def map_variables(fn: Callable[..., Any], mapped_collections: Filter,
   validate_filter(mapped_collections)
   config = _MapConfig(mapped_collections, map_in_fn, map_out_fn, init, mutable)
   in_filters = (mapped_collections, variables)
-  out_filters = in_filters if init or mutable else (False, subtract_filters(variables, mapped_collections))
+  out_filters = (in_filters if init or mutable
+                 else (False, subtract_filters(variables, mapped_collections)))
   inner = functools.partial(_map_groups, fn, config)
   functools.update_wrapper(inner, fn)
   return pack(inner, in_filters, out_filters, (rngs,), name='map_variables')

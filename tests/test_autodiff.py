@@ -31,6 +31,7 @@ def layer_by_hand(params, x):
 
 PARAMS = lift.init(layer)(RNGS, X)[1]['params']
 VARIABLES = {'params': {'layer': PARAMS}}
+SHAPES = {'params': {'layer': {'kernel': (3, 2), 'bias': (2,)}}}
 
 
 # -- vjp ----------------------------------------------------------------------------
@@ -69,7 +70,7 @@ def test_vjp_has_aux_and_other_vjp_variables():
 
 def test_vjp_creates_variables_at_init():
   _, variables = lift.init(vjp_model)(RNGS, X)
-  assert jax.tree.map(jnp.shape, variables) == {'params': {'layer': {'kernel': (3, 2), 'bias': (2,)}}}
+  assert jax.tree.map(jnp.shape, variables) == SHAPES
   _, plain = lift.init(lambda s, x: layer(s.push('layer'), x))(RNGS, X)
   assert_trees_close(variables, plain)  # the keys of untransformed code
 
@@ -164,7 +165,8 @@ def test_custom_vjp_uses_the_given_backward_rule():
   y = lift.apply(sign_layer)({'params': PARAMS}, X)
   np.testing.assert_allclose(y, layer_by_hand(PARAMS, X), rtol=1e-6)
   params_grad, x_grad = jax.grad(total, argnums=(0, 1))(PARAMS, X, sign_layer)
-  by_hand_params, by_hand_x = jax.grad(lambda p, x: jnp.sum(layer_by_hand(p, x)), argnums=(0, 1))(PARAMS, X)
+  by_hand_params, by_hand_x = jax.grad(lambda p, x: jnp.sum(layer_by_hand(p, x)),
+                                       argnums=(0, 1))(PARAMS, X)
   assert_trees_close(params_grad, jax.tree.map(jnp.sign, by_hand_params))
   np.testing.assert_allclose(x_grad, by_hand_x, rtol=1e-5)
   flax_sign_layer = flax_lift.custom_vjp(layer, forward_fn=flax_forward, backward_fn=sign_backward)
@@ -197,6 +199,17 @@ def test_custom_vjp_nondiff_argnum_beyond_the_arguments_rejected_when_called():
   fn = lift.custom_vjp(layer, forward, sign_backward, nondiff_argnums=(3,))
   with pytest.raises(errors.ArgnumsError, match='names argument 3'):
     lift.apply(fn)({'params': PARAMS}, X)
+
+
+@pytest.mark.parametrize('transform', [
+    lambda s, x: lift.jvp(layer, s, (x,), (x,), {}),
+    lambda s, x: lift.value_and_grad(lambda s, x: jnp.sum(layer(s, x)), s, x),
+    lambda s, x: lift.custom_vjp(layer, forward, sign_backward)(s, x)])
+def test_variables_created_inside_are_those_of_untransformed_code(transform):
+  _, variables = lift.init(lambda s, x: transform(s.push('layer'), x))(RNGS, X)
+  assert jax.tree.map(jnp.shape, variables) == SHAPES
+  _, plain = lift.init(lambda s, x: layer(s.push('layer'), x))(RNGS, X)
+  assert_trees_close(variables, plain)
 
 
 # -- errors and nothing lost ---------------------------------------------------------------------

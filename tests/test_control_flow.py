@@ -239,9 +239,10 @@ def test_while_loop_body_changing_a_carry_dtype_is_rejected():
   def body_fn(scope, carry):
     scope.put_variable('state', 'steps', jnp.float32(1))
     return carry + 1
-  with pytest.raises(errors.LoopVariablesError, match=r'state/steps: int32\[\] before, float32\[\]'):
-    lift.apply(lambda s: lift.while_loop(lambda s, c: c < 3, body_fn, s, 0, carry_variables='state'),
-               mutable='state')({'state': {'steps': jnp.int32(0)}})
+  loop = lambda s: lift.while_loop(lambda s, c: c < 3, body_fn, s, 0, carry_variables='state')
+  with pytest.raises(errors.LoopVariablesError,
+                     match=r'state/steps: int32\[\] before, float32\[\]'):
+    lift.apply(loop, mutable='state')({'state': {'steps': jnp.int32(0)}})
 
 
 def test_while_loop_broadcast_variables_are_read_only():

@@ -1,5 +1,6 @@
 """Lifted jit: no-jit values and rng draws, one trace per structure; and fold_rngs."""
 import functools
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -230,7 +231,8 @@ def test_donating_a_missing_argument_is_rejected_when_called():
 def test_non_array_argument_must_be_static():
   with pytest.raises(errors.JitArgumentError, match=r'positional arguments\[1\].*static_argnums'):
     lift.init(lift.jit(lambda scope, x, name: x))(RNGS, X, 'relu')
-  with pytest.raises(errors.JitArgumentError, match=r"keyword arguments\['name'\].*static_argnames"):
+  with pytest.raises(errors.JitArgumentError,
+                     match=r"keyword arguments\['name'\].*static_argnames"):
     lift.init(lift.jit(lambda scope, x, *, name: x))(RNGS, X, name='relu')
 
 
@@ -249,6 +251,12 @@ def test_draws_that_change_between_traces_are_rejected():
     return x
   with pytest.raises(errors.RngReplayError, match='draw 1 was no draw'):
     lift.init(lift.jit(moody))(RNGS, X)
+
+
+def test_compiled_function_traced_outside_a_call_is_rejected():
+  jit_module = sys.modules['lift.jit']
+  with pytest.raises(errors.LiftError, match='traced outside a call'):
+    jit_module._jit_body(None, (), (), jnp.zeros(0, jnp.uint32), {})
 
 
 def test_static_hash_is_the_value_fold_in_static_folds_in():
