@@ -1,0 +1,215 @@
+"""Flax layers inside linen_ext modules: the ready-made classes and `from_flax`.
+
+Oracle: the same model with flax.linen modules. Variables, rng keys (dropout
+masks), mutable collections and captured intermediates must be identical,
+also inside lifted transforms.
+"""
+import functools
+
+import flax.linen as flax_nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import linen_ext as nn
+from linen_ext import errors
+
+KEY = jax.random.key(0)
+RNGS = {'params': KEY, 'dropout': jax.random.key(1)}
+X = jnp.linspace(-1.0, 1.0, 24).reshape(2, 3, 4)
+
+
+def assert_same(a, b):
+  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-6)
+
+
+def check(make, *args, mutable=False, **kwargs):
+  """``make(nn)`` for linen_ext and flax.linen: same variables, outputs and updates."""
+  ours, theirs = make(nn), make(flax_nn)
+  v_ours, v_theirs = ours.init(RNGS, *args, **kwargs), theirs.init(RNGS, *args, **kwargs)
+  assert_same(v_ours, v_theirs)
+  assert_same(ours.apply(v_ours, *args, rngs=RNGS, mutable=mutable, **kwargs),
+              theirs.apply(v_theirs, *args, rngs=RNGS, mutable=mutable, **kwargs))
+  return v_ours
+
+
+def in_parent(nn, make_layer, calls=2):
+  """A parent module calling one layer ``calls`` times (its variables sit at 'Layer_0')."""
+  class Parent(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      layer = make_layer(nn)
+      return tuple(layer(x) for _ in range(calls))
+  return Parent()
+
+
+LAYERS = {
+    'Dense': lambda nn: nn.Dense(5, use_bias=False, kernel_init=nn.initializers.normal(0.3)),
+    'DenseGeneral': lambda nn: nn.DenseGeneral((2, 3), axis=(-2, -1)),
+    'Conv': lambda nn: nn.Conv(3, (2,), padding='CAUSAL'),
+    'LayerNorm': lambda nn: nn.LayerNorm(use_bias=False),
+    'RMSNorm': lambda nn: nn.RMSNorm(),
+    'BatchNorm': lambda nn: nn.BatchNorm(use_running_average=False, momentum=0.5),
+    'Dropout': lambda nn: nn.Dropout(0.5, deterministic=False),
+    'MultiHeadDotProductAttention': lambda nn: nn.MultiHeadDotProductAttention(
+        num_heads=2, qkv_features=4, dropout_rate=0.5, deterministic=False),
+}
+# Wrapped flax layers that draw rngs on every call match flax on the first call only.
+ONE_CALL = {'MultiHeadDotProductAttention'}
+
+
+@pytest.mark.parametrize('name', sorted(LAYERS))
+def test_ready_made_layer_matches_flax(name):
+  calls = 1 if name in ONE_CALL else 2
+  variables = check(lambda nn: in_parent(nn, LAYERS[name], calls), X, mutable=['batch_stats'])
+  assert variables.get('params', {}).keys() <= {f'{name}_0'}
+
+
+def test_repeated_calls_of_a_wrapped_layer_draw_fresh_keys():
+  first, second = in_parent(nn, LAYERS['MultiHeadDotProductAttention']).apply(
+      in_parent(nn, LAYERS['MultiHeadDotProductAttention']).init(RNGS, X), X, rngs=RNGS)
+  assert not np.array_equal(first, second)
+
+
+def test_repeated_dropout_calls_draw_flax_keys():
+  ours = nn.Dropout(0.5).apply({}, X, deterministic=False, rngs=RNGS)
+  y1, y2 = in_parent(nn, LAYERS['Dropout']).apply({}, X, rngs=RNGS)
+  f1, f2 = in_parent(flax_nn, LAYERS['Dropout']).apply({}, X, rngs=RNGS)
+  assert_same((y1, y2), (f1, f2))
+  assert not np.array_equal(y1, y2)
+  assert_same(ours, flax_nn.Dropout(0.5).apply({}, X, deterministic=False, rngs=RNGS))
+
+
+def test_embed_attend_and_recurrent_cells():
+  def make(nn):
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, tokens):
+        embed = nn.Embed(5, 4)
+        x = embed(tokens)
+        lstm, gru = nn.LSTMCell(4), nn.GRUCell(4)
+        carry = lstm.initialize_carry(jax.random.key(5), x[:, 0].shape)
+        carry, y = lstm(carry, x[:, 0])
+        _, z = gru(gru.initialize_carry(jax.random.key(6), y.shape), y)
+        return embed.attend(z), lstm.num_feature_axes
+    return Model()
+
+  check(make, jnp.array([[0, 1, 2], [3, 4, 0]]))
+
+
+def test_mha_decode_cache_follows_mutability():
+  def make(nn):
+    class Decoder(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=4, decode=True)(x)
+    return Decoder()
+
+  step = X[:, :1]
+  variables = make(nn).init(RNGS, X)
+  assert_same(variables, make(flax_nn).init(RNGS, X))
+  assert variables['cache']['MultiHeadDotProductAttention_0']['cache_index'] == 0
+  y, updated = make(nn).apply(variables, step, mutable=['cache'])
+  y_flax, updated_flax = make(flax_nn).apply(variables, step, mutable=['cache'])
+  assert_same((y, updated), (y_flax, updated_flax))
+  assert updated['cache']['MultiHeadDotProductAttention_0']['cache_index'] == 1
+
+
+# -- from_flax: any flax module -------------------------------------------------------------
+
+
+class FlaxBlock(flax_nn.Module):
+  """A composite flax module: children, dropout, batch statistics and sow."""
+  features: int = 4
+
+  @flax_nn.compact
+  def __call__(self, x, train: bool = True):
+    h = flax_nn.Dense(self.features)(x)
+    h = flax_nn.BatchNorm(use_running_average=not train)(h)
+    self.sow('intermediates', 'hidden', h)
+    h = flax_nn.Dropout(0.3, deterministic=not train)(h)
+    return flax_nn.Dense(self.features, name='out')(flax_nn.relu(h))
+
+
+def wrap(nn, module):
+  return nn.from_flax(module) if nn is not flax_nn else module
+
+
+def test_from_flax_composite_module_matches_native_flax():
+  def make(nn):
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x, train=True):
+        x = wrap(nn, FlaxBlock())(x, train)
+        return wrap(nn, FlaxBlock(name='second'))(x, train)
+    return Model()
+
+  variables = check(make, X, mutable=['batch_stats', 'intermediates'])
+  assert set(variables['params']) == {'FlaxBlock_0', 'second'}
+  _, ours = make(nn).apply(variables, X, rngs=RNGS, mutable=['batch_stats'],
+                           capture_intermediates=True)
+  _, theirs = make(flax_nn).apply(variables, X, rngs=RNGS, mutable=['batch_stats'],
+                                  capture_intermediates=True)
+  assert_same(ours, theirs)
+  # Immutable batch_stats in eval mode: no update is asked for, none is made.
+  check(make, X, train=False)
+
+
+def test_from_flax_inside_vmap_and_scan_matches_flax_transforms():
+  def make(nn):
+    class Member(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return wrap(nn, FlaxBlock())(x)
+
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        ensemble = nn.vmap(Member, variable_axes={'params': 0, 'batch_stats': 0},
+                           split_rngs={'params': True, 'dropout': True}, axis_size=2,
+                           in_axes=None)
+        y = ensemble()(x).sum(0)
+        cell = nn.scan(_cell(nn), variable_broadcast='params', split_rngs={'params': False},
+                       in_axes=1, out_axes=1)()
+        carry = (jnp.zeros((2, 4)), jnp.zeros((2, 4)))
+        return cell(carry, y)[1]
+    return Model()
+
+  check(make, X, mutable=['batch_stats'])
+
+
+def _cell(nn):
+  class Cell(nn.Module):
+    @nn.compact
+    def __call__(self, carry, x):
+      return wrap(nn, flax_nn.LSTMCell(4, name='lstm'))(carry, x)
+  return Cell
+
+
+def test_from_flax_names_and_errors():
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      a = nn.from_flax(flax_nn.Dense(2))(x)
+      b = nn.from_flax(flax_nn.Dense(2, name='named'))(x)
+      c = nn.from_flax(flax_nn.Dense(2), name='renamed')(x)
+      d = nn.from_flax(flax_nn.Embed(3, 2)).call_method('attend', x[..., :2])
+      return a + b + c + d.sum()
+
+  variables = Model().init(KEY, X)
+  assert set(variables['params']) == {'Dense_0', 'named', 'renamed', 'Embed_0'}
+  with pytest.raises(errors.FlaxAdapterError, match='not the class'):
+    nn.from_flax(flax_nn.Dense)
+
+
+def test_ready_made_layers_keep_flax_constructor_arguments():
+  dense = nn.Dense(3, use_bias=False, name='d')
+  assert dense.to_flax() == flax_nn.Dense(3, use_bias=False)
+  assert (dense.features, dense.use_bias, dense.name) == (3, False, 'd')
+  with pytest.raises(TypeError):
+    nn.Conv(3)  # kernel_size is required, as in flax
+  with pytest.raises(errors.UnboundModuleError, match='Dense'):
+    dense(X)
