@@ -15,7 +15,8 @@ from lift.causal.testing import check_scan
 from lift.errors import LiftError, ScanConversionError
 
 T = 6
-XS = jax.random.normal(jax.random.PRNGKey(0), (T, 3))
+XS = jnp.asarray(np.random.default_rng(0).standard_normal((T, 3)),
+                 jnp.float32)
 
 
 def shift(x):
@@ -59,13 +60,15 @@ def test_prefill_lengths(length):
 
 
 def test_prompt_concatenated_inside_the_function():
-  prompt = jax.random.normal(jax.random.PRNGKey(1), (4, 3))
+  prompt = jnp.asarray(np.random.default_rng(1).standard_normal((4, 3)),
+                       jnp.float32)
   check_scan(lambda xs: g(jnp.concatenate([prompt, xs]))[len(prompt):], XS,
              prefill=[2])
 
 
 def test_generation_feeds_outputs_back():
-  weights = jax.random.normal(jax.random.PRNGKey(2), (5, 5))
+  weights = jnp.asarray(np.random.default_rng(2).standard_normal((5, 5)),
+                        jnp.float32)
 
   def logits(tokens):
     x = jax.nn.one_hot(tokens, 5)
