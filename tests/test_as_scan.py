@@ -10,7 +10,8 @@ import pytest
 from lift import _compat
 from lift.causal import (
     ScanCarry, as_scan, as_scan_with_prefill, register_scan_rule, stateless)
-from lift.causal import api, attention, custom, interpreter, testing
+from lift.causal import (
+    api, attention, causal_self_attention, custom, forms, interpreter, testing)
 from lift.causal.testing import check_scan
 from lift.errors import LiftError, ScanConversionError
 
@@ -27,10 +28,16 @@ def g(x):
   return jnp.cumsum(jnp.tanh(x), 0) + shift(x)
 
 
-@pytest.mark.parametrize("module", [api, custom, attention, interpreter,
-                                    testing])
-def test_docstring_examples(module):
-  assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
+@pytest.mark.parametrize("obj,module", [
+    (api, api), (custom, custom), (attention, attention),
+    (interpreter, interpreter), (testing, testing), (forms, forms),
+    (causal_self_attention, attention)], ids=str)
+def test_docstring_examples(obj, module):
+  runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+  tests = doctest.DocTestFinder().find(obj, globs=dict(vars(module)))
+  for test in tests:
+    runner.run(test)
+  assert tests and runner.failures == 0
 
 
 def test_semantics_prefix_equation():
@@ -125,8 +132,8 @@ NOT_CAUSAL = {
         x[None], jnp.ones((3, 3, 3)), (1,), [(0, 2)],
         dimension_numbers=("NWC", "WIO", "NWC"))[0],
                          "`conv_general_dilated`.*anti-causal"),
-    "reverse_scan": (lambda x: lax.scan(lambda c, a: (c + a, c), jnp.zeros(3), x,
-                                        reverse=True)[1],
+    "reverse_scan": (lambda x: lax.scan(
+        lambda c, a: (c + a, c), jnp.zeros(3), x, reverse=True)[1],
                      "`scan`.*reverse"),
     "final_carry": (lambda x: x * lax.scan(lambda c, a: (c + a, c),
                                            jnp.zeros(3), x)[0][None],
@@ -143,7 +150,8 @@ NOT_CAUSAL = {
     "sort_time": (lambda x: jnp.sort(x, axis=0),
                   "no rule for primitive `sort`.*register_scan_rule"),
     "strided": (lambda x: jnp.repeat(x[::2], 2, axis=0), "`slice`.*stride"),
-    "first_element": (lambda x: x * x[0][None], "`squeeze`.*removes the scan axis"),
+    "first_element": (lambda x: x * x[0][None],
+                      "`squeeze`.*removes the scan axis"),
 }
 
 

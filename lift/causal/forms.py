@@ -67,6 +67,12 @@ def stateless(eqn: Eqn, outs: Sequence[Info],
   """A step form without state: `fn(index, args) -> outs` per element.
 
   The prefill applies `fn` to every prefix element at once with `jax.vmap`.
+  Use it for rules of primitives that act on each element alone.
+
+  >>> import jax.numpy as jnp
+  >>> def sin_rule(eqn, **params):
+  ...   return stateless(eqn, [eqn.operands[0].stream],
+  ...                    lambda index, args: [jnp.sin(args[0])])
   """
   outs = tuple(outs)
 
@@ -88,7 +94,17 @@ def stateful(eqn: Eqn, outs: Sequence[Info], init: Any,
              step: Callable) -> StepForm:
   """A step form with state `init`; its prefill scans `step` over the prefix.
 
-  Every result must keep the operands' offset.
+  `step(state, index, args) -> (state, outs)`. Every result must keep the
+  operands' offset.
+
+  >>> import jax.numpy as jnp
+  >>> def running_sum_rule(eqn, **params):
+  ...   x = eqn.operands[0]
+  ...   def step(total, index, args):
+  ...     total = total + args[0]
+  ...     return total, [total]
+  ...   init = jnp.zeros(x.aval.shape[1:], x.aval.dtype)
+  ...   return stateful(eqn, [x.stream], init, step)
   """
   outs = tuple(outs)
 

@@ -23,7 +23,6 @@ from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import jax
 from jax import lax
-import jax.numpy as jnp
 
 from lift import _compat
 from lift.causal import frames
