@@ -7,39 +7,42 @@ counters and scope paths are not part of the key, so repeated calls (and other
 scopes with the same structure) reuse the compiled function.
 
 A key drawn inside is ``fold_in(raw, sha1(suffix, counter))``; the counter
-changes from call to call and SHA-1 cannot run on a traced value. So:
+changes from call to call and SHA-1 cannot run on a traced value. So the
+compiled function takes the hashes as an array, and its streams hand them out
+in order as ``fold_in(key, hash)``:
 
-1. :func:`_discover` traces the function abstractly, once per structure, with
-   zeroed counters and streams that record each draw (stream, suffix, counter
-   path below the lifted root, relative count) and the counter increments;
-2. :func:`draw_hashes` hashes every recorded draw with the absolute count
-   (outer count + relative count) outside the compiled function;
-3. the compiled function gets the hashes as an array, and its streams hand
-   them out in order as ``fold_in(key, hash)``: the un-jitted keys;
+The streams and the hashing live in `lift._jit_rngs`.
+
+1. :func:`_trace_first` traces (``jax.jit(...).trace``, no compilation) the
+   first call of a structure with zeroed counters and a placeholder hash
+   array; the streams record each draw (stream, suffix, counter path below the
+   lifted root, relative count) and the counter increments. JAX keeps that
+   trace for the call, so the function runs once per structure;
+2. ``draw_hashes`` hashes every recorded draw with the absolute count
+   (outer count + relative count), on the host;
+3. the compiled function runs with those hashes: the keys of the un-jitted
+   program;
 4. the outer counters advance by the recorded increments.
 """
 from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import functools
-import hashlib
 import inspect
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from lift import errors
-from lift._counters import CountSnapshot, EMPTY, advance, count_at, counter_roots, zeroed
+from lift._counters import CountSnapshot, EMPTY, advance, counter_roots, zeroed
+from lift._jit_rngs import Draw, Tape, draw_hashes, has_tape_streams, tape_streams
 from lift.checkpoint import check_argnames, check_argnums, check_in_range
 from lift.filters import DenyList, Filter, validate_filter
 from lift.pack import pack
-from lift.rng import Foldable, RngStream
 from lift.scope import Scope
 
 _JIT_COUNTING = '(jit counts the scope as argument 0, as flax.core.lift.jit.)'
@@ -57,111 +60,11 @@ _UNHASHABLE = (
     'values are part of the compilation cache key. Fix: pass a hashable value '
     '(a tuple instead of a list, a frozen dataclass instead of a dict), or make '
     'the argument dynamic.')
-_REPLAY_MISMATCH = (
-    'jit: {fn} drew rng keys differently in two traces of the same structure: '
-    'draw {index} was {expected} in the first trace and is {seen} now. lift.jit '
-    'learns the draws once per structure (argument shapes and dtypes, static '
-    'arguments, variable structure, mutability, rng streams, flags) and replays '
-    'them; draws that depend on anything else (a global, a Python random choice) '
-    'cannot be replayed. Fix: make that value a static argument '
-    '(static_argnums/static_argnames), or decide it outside the jitted function.')
 _NO_ACTIVE_CALL = (
     "jit: lift.jit's compiled function was traced outside a call of the lifted "
     'function (for example by lowering it directly). Fix: call the function '
     'returned by lift.jit with a scope.')
-_DISCOVERY_CACHE_SIZE = 4096
-
-
-class _OuterSuffix:
-  """Stands for the lifted stream's suffix, which is only known at call time."""
-
-  def __repr__(self):
-    return ('<suffix of a lift.jit stream: to change a stream\'s key inside jit use '
-            'dataclasses.replace(stream, key=...), which keeps its type>')
-
-
-_OUTER = _OuterSuffix()
-
-
-def static_hash(data: Sequence[Foldable]) -> int:
-  """The 32-bit value ``lift.rng.fold_in_static`` folds in: the first 4 bytes of SHA-1."""
-  digest = hashlib.sha1()
-  for item in data:
-    if isinstance(item, str):
-      digest.update(item.encode('utf-8'))
-    else:
-      digest.update(item.to_bytes((item.bit_length() + 7) // 8, 'big'))
-  return int.from_bytes(digest.digest()[:4], 'big')
-
-
-# -- draws: recorded in one trace, replayed in the next ----------------------------
-
-class Draw(NamedTuple):
-  """One ``make_rng`` inside a jitted function."""
-  root: int
-  stream: str
-  suffix: tuple[Any, ...]  # may hold _OUTER, the lifted stream's own suffix
-  node: tuple[str, ...]  # counter path below the lifted root
-  count: int  # relative to the counter when the call starts
-
-
-class _Tape:
-  """Records the draws of one trace; when replaying, hands out their hashes in order."""
-
-  def __init__(self, fn, hashes: Any = None, expected: Sequence[Draw] = ()):
-    self.fn, self.hashes, self.expected = fn, hashes, tuple(expected)
-    self.draws: list[Draw] = []
-    self.increments: tuple[CountSnapshot, ...] = ()
-
-  def hash_of(self, draw: Draw) -> Any:
-    index = len(self.draws)
-    self.draws.append(draw)
-    if self.hashes is None:
-      return jnp.uint32(0)
-    expected = self.expected[index] if index < len(self.expected) else 'no draw'
-    if expected != draw:
-      self.mismatch(index, expected, draw)
-    return self.hashes[index]
-
-  def check_complete(self):
-    if len(self.draws) < len(self.expected):
-      self.mismatch(len(self.draws), self.expected[len(self.draws)], 'no draw')
-
-  def mismatch(self, index, expected, seen):
-    raise errors.RngReplayError(_REPLAY_MISMATCH.format(
-        fn=_name(self.fn), index=index, expected=expected, seen=seen))
-
-
-@dataclasses.dataclass(frozen=True)
-class TapeStream(RngStream):
-  """A stream inside a jitted function: draws go through a tape instead of hashing."""
-  stream: str = ''
-  root: int = 0
-  node: tuple[str, ...] = ()
-  tape: Any = None
-
-  def child(self, name: str) -> 'TapeStream':
-    return dataclasses.replace(self, suffix=self.suffix + (name,), node=self.node + (name,))
-
-  def draw(self, count: int) -> jax.Array:
-    draw = Draw(self.root, self.stream, self.suffix, self.node, count)
-    return jax.random.fold_in(self.key, self.tape.hash_of(draw))
-
-
-jax.tree_util.register_dataclass(
-    TapeStream, data_fields=['key'], meta_fields=['suffix', 'stream', 'root', 'node', 'tape'])
-
-
-def draw_hashes(draws: Sequence[Draw], streams: Sequence[dict[str, RngStream]],
-                nodes: Sequence[Any]) -> np.ndarray:
-  """The hash of every draw at the outer scopes' current suffixes and counters."""
-  values = []
-  for draw in draws:
-    outer = streams[draw.root][draw.stream].suffix
-    suffix = tuple(item for x in draw.suffix for item in (outer if x is _OUTER else (x,)))
-    count = count_at(nodes[draw.root], draw.node, draw.stream) + draw.count
-    values.append(static_hash(suffix + (count,)))
-  return np.asarray(values, dtype=np.uint32)
+_RECORDED_CACHE_SIZE = 4096
 
 
 # -- the cache key ----------------------------------------------------------------------
@@ -278,28 +181,33 @@ def _types(fn, label: str, tree: Any) -> tuple[Any, ...]:
 # -- tracing ---------------------------------------------------------------------------------
 
 class _Recorded(NamedTuple):
-  """What one structure's call draws, and how far it advances each root's counters."""
+  """What one structure's call draws, how far it advances each root's counters,
+  and the size of the hash array its compiled function takes."""
   draws: tuple[Draw, ...]
   increments: tuple[CountSnapshot, ...]
+  pool: int
 
 
-class _ActiveCall(NamedTuple):
-  scope_fn: Callable[..., Any]
-  repack_fn: Callable[..., Any]
-  draws: tuple[Draw, ...]
+class _Call:
+  """One call of a lifted jit, as its compiled function's trace sees it."""
+
+  def __init__(self, scope_fn, repack_fn, expected: tuple[Draw, ...] | None):
+    self.scope_fn, self.repack_fn, self.expected = scope_fn, repack_fn, expected
+    self.recorded: _Recorded | None = None
 
 
 class _CallStack(threading.local):
   def __init__(self):
-    self.calls: list[_ActiveCall] = []
+    self.calls: list[_Call] = []
 
 
 _ACTIVE = _CallStack()
 _RECORDED: collections.OrderedDict[Any, _Recorded] = collections.OrderedDict()
+_POOL_HINT: dict[_Config, int] = {}  # the last hash-array size a config needed
 
 
 @contextlib.contextmanager
-def _active(call: _ActiveCall):
+def _active(call: _Call):
   _ACTIVE.calls.append(call)
   try:
     yield
@@ -307,12 +215,10 @@ def _active(call: _ActiveCall):
     _ACTIVE.calls.pop()
 
 
-def _traced_call(key: CallKey, scope_fn, repack_fn, tape: _Tape, variable_groups,
+def _traced_call(key: CallKey, scope_fn, repack_fn, tape: Tape, variable_groups,
                  raw_keys, dyn_args, dyn_kwargs):
   """Runs the function on tape streams with zeroed counters; the tape records increments."""
-  rng_groups = (tuple({name: TapeStream(k, (_OUTER,), name, r, (), tape)
-                       for name, k in keys.items()} for r, keys in enumerate(raw_keys)),)
-  scope_tree = scope_fn(variable_groups, rng_groups)
+  scope_tree = scope_fn(variable_groups, tape_streams(raw_keys, tape))
   args, kwargs = _merge_call(key, dyn_args, dyn_kwargs)
   with zeroed(counter_roots(scope_tree)) as increments:
     y = key.config.fn(scope_tree, *args, **kwargs)
@@ -321,15 +227,44 @@ def _traced_call(key: CallKey, scope_fn, repack_fn, tape: _Tape, variable_groups
   return y, out_groups
 
 
-def _discover(key: CallKey, scope_fn, repack_fn, dynamic: tuple) -> _Recorded:
-  if not any(dynamic[1]):  # no rng streams: nothing to draw
-    return _Recorded((), (EMPTY,) * len(key.roots))
-  tape = _Tape(key.config.fn)
-  jax.eval_shape(functools.partial(_traced_call, key, scope_fn, repack_fn, tape), *dynamic)
-  return _Recorded(tuple(tape.draws), tape.increments)
+def _jit_body(key: CallKey, variable_groups, raw_keys, hashes, dyn_kwargs, *dyn_args):
+  if not _ACTIVE.calls:
+    raise errors.LiftError(_NO_ACTIVE_CALL)
+  call = _ACTIVE.calls[-1]
+  tape = Tape(_name(key.config.fn), hashes, call.expected)
+  result = _traced_call(key, call.scope_fn, call.repack_fn, tape, variable_groups,
+                        raw_keys, dyn_args, dyn_kwargs)
+  tape.check_complete()
+  call.recorded = _Recorded(tuple(tape.draws), tape.increments, hashes.shape[0])
+  return result
 
 
-def _recorded(key: CallKey, scope_fn, repack_fn, dynamic: tuple) -> _Recorded:
+def _trace_first(key: CallKey, donate, scope_fn, repack_fn, dynamic: tuple, pool: int) -> _Recorded:
+  """Traces (without compiling) with a placeholder hash array; JAX keeps the trace for the call."""
+  variable_groups, raw_keys, dyn_args, dyn_kwargs = dynamic
+  args = (variable_groups, raw_keys, np.zeros(pool, np.uint32), dyn_kwargs, *dyn_args)
+  call = _Call(scope_fn, repack_fn, None)
+  with _active(call):
+    _compiled(donate).trace(key, *args)
+    if call.recorded is None:  # JAX still had this trace: record with an uncached one
+      jax.eval_shape(functools.partial(_jit_body, key), *args)
+  return call.recorded
+
+
+def _record(key: CallKey, donate, scope_fn, repack_fn, dynamic: tuple) -> _Recorded:
+  if not any(dynamic[1]):  # no rng streams: nothing to draw, the call itself traces
+    return _Recorded((), (EMPTY,) * len(key.roots), 0)
+  pool = _POOL_HINT.get(key.config, 16)
+  recorded = _trace_first(key, donate, scope_fn, repack_fn, dynamic, pool)
+  if len(recorded.draws) > pool:
+    pool = 1 << (len(recorded.draws) - 1).bit_length()
+    recorded = _trace_first(key, donate, scope_fn, repack_fn, dynamic, pool)
+  _POOL_HINT[key.config] = pool
+  return recorded
+
+
+def _recorded(key: CallKey, donate, scope_fn, repack_fn, dynamic: tuple) -> _Recorded:
+  """The draws of ``key``'s structure, from the cache or from a first trace."""
   variable_groups, raw_keys, dyn_args, dyn_kwargs = dynamic
   fn = key.config.fn
   signature = (_types(fn, 'the variables', (variable_groups, raw_keys)),
@@ -339,22 +274,11 @@ def _recorded(key: CallKey, scope_fn, repack_fn, dynamic: tuple) -> _Recorded:
   if cache_key in _RECORDED:
     _RECORDED.move_to_end(cache_key)
     return _RECORDED[cache_key]
-  recorded = _discover(key, scope_fn, repack_fn, dynamic)
+  recorded = _record(key, donate, scope_fn, repack_fn, dynamic)
   _RECORDED[cache_key] = recorded
-  if len(_RECORDED) > _DISCOVERY_CACHE_SIZE:
+  if len(_RECORDED) > _RECORDED_CACHE_SIZE:
     _RECORDED.popitem(last=False)
   return recorded
-
-
-def _jit_body(key: CallKey, variable_groups, raw_keys, hashes, dyn_kwargs, *dyn_args):
-  if not _ACTIVE.calls:
-    raise errors.LiftError(_NO_ACTIVE_CALL)
-  call = _ACTIVE.calls[-1]
-  tape = _Tape(key.config.fn, hashes, call.draws)
-  result = _traced_call(key, call.scope_fn, call.repack_fn, tape, variable_groups,
-                        raw_keys, dyn_args, dyn_kwargs)
-  tape.check_complete()
-  return result
 
 
 @functools.lru_cache(maxsize=None)
@@ -363,15 +287,10 @@ def _compiled(donate: tuple[int, ...]) -> Callable[..., Any]:
   return jax.jit(_jit_body, static_argnums=0, donate_argnums=tuple(5 + i for i in donate))
 
 
-def _inside_jit_trace(rng_groups) -> bool:
-  return any(isinstance(s, TapeStream)
-             for group in rng_groups for streams in group for s in streams.values())
-
-
 def _jit_groups(config: _Config, scope_fn, repack_fn, variable_groups, rng_groups,
                 *args, **kwargs):
   scope_tree = scope_fn(variable_groups, rng_groups)
-  if _inside_jit_trace(rng_groups):  # already compiled as part of an outer lift.jit
+  if has_tape_streams(rng_groups):  # already compiled as part of an outer lift.jit
     return config.fn(scope_tree, *args, **kwargs), repack_fn(scope_tree)
   check_in_range('jit', 'donate_argnums', (i + 1 for i in config.donate_positions),
                  len(args) + 1, 'including the scope')
@@ -379,12 +298,12 @@ def _jit_groups(config: _Config, scope_fn, repack_fn, variable_groups, rng_group
   key = _call_key(config, call, len(args), scope_tree)
   streams = rng_groups[0]
   raw_keys = tuple({name: s.key for name, s in group.items()} for group in streams)
-  recorded = _recorded(key, scope_fn, repack_fn,
+  donate = tuple(p - sum(s < p for s in config.static_positions) for p in config.donate_positions)
+  recorded = _recorded(key, donate, scope_fn, repack_fn,
                        (variable_groups, raw_keys, call.dyn_args, call.dyn_kwargs))
   nodes = [root.rng_counters for root in _roots(scope_tree)[2]]
-  hashes = draw_hashes(recorded.draws, streams, nodes)
-  donate = tuple(p - sum(s < p for s in config.static_positions) for p in config.donate_positions)
-  with _active(_ActiveCall(scope_fn, repack_fn, recorded.draws)):
+  hashes = draw_hashes(recorded.draws, streams, nodes, recorded.pool)
+  with _active(_Call(scope_fn, repack_fn, recorded.draws)):
     y, out_groups = _compiled(donate)(key, variable_groups, raw_keys, hashes,
                                       call.dyn_kwargs, *call.dyn_args)
   for node, increments in zip(nodes, recorded.increments):
@@ -443,9 +362,8 @@ def jit(fn: Callable[..., Any], variables: Filter = True, rngs: Filter = True,
     donate_argnums: positions (scope = 0) of arguments whose buffers XLA may
       reuse for the outputs.
 
-  A new structure costs one abstract trace (to learn the rng draws) and one
-  compiling trace. Not worth it around a function that is already inside a
-  ``jax.jit``: there it is inlined.
+  Not worth it around a function that is already inside another ``lift.jit``:
+  there it is inlined.
 
   >>> def dense(scope, x):
   ...   w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1], 2))
@@ -458,4 +376,4 @@ def jit(fn: Callable[..., Any], variables: Filter = True, rngs: Filter = True,
   return pack(inner, (variables,), (variables,), (rngs,), name='jit')
 
 
-__all__ = ['jit', 'CallKey', 'Draw', 'TapeStream', 'draw_hashes', 'static_hash']
+__all__ = ['jit', 'CallKey']

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax.core import apply as flax_apply, init as flax_init, lift as flax_lift
+from flax.core import apply as flax_apply, lift as flax_lift
 
 import lift
 from lift import errors
