@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax.core import meta
 from jax.extend.core import Literal, Var
 
@@ -32,10 +33,10 @@ from lift.filters import Filter
 from lift.metadata import add_group_axes, move_axis, remove_group_axes
 from lift.pack import pack
 from lift.rng import RngCounters
-from lift.vmap import (check_axis_leaves, check_size, check_split_rngs,
-                       check_variable_axes, infer_axis_size, leaf_axes,
-                       mapped_arguments, mapped_variables, path_text,
-                       split_rng_groups)
+from lift.vmap import (MappedLeaf, check_axis_leaves, check_size,
+                       check_split_rngs, check_variable_axes, infer_axis_size,
+                       leaf_axes, leaf_axis_size, mapped_arguments,
+                       mapped_variables, path_text, split_rng_groups)
 
 _DEPENDS_ON_LOOP = (
     'scan: these values are loop-invariant (a broadcast variable, or an output '
@@ -305,8 +306,14 @@ def _place_ys(scanned: Any, invariant: Any, out_axes: Any) -> Any:
   ys = jax.tree.map(lambda s, i: i if s is None else s, scanned, invariant,
                     is_leaf=lambda x: x is None)
   axes = leaf_axes('scan', 'out_axes', out_axes, ys, _is_unmapped, 'outputs ys')
-  leaves, treedef = jax.tree.flatten(ys)
-  placed = [y if _is_unmapped(a) else jnp.moveaxis(y, 0, a) for a, y in zip(axes, leaves)]
+  paths, treedef = jax.tree_util.tree_flatten_with_path(ys)
+  placed = []
+  for (path, y), axis in zip(paths, axes):
+    if not _is_unmapped(axis):
+      label = f'output ys{jax.tree_util.keystr(path)} (stacked)'
+      leaf_axis_size('scan', 'out_axes', MappedLeaf(label, np.shape(y), axis))
+      y = jnp.moveaxis(y, 0, axis)
+    placed.append(y)
   return treedef.unflatten(placed)
 
 
@@ -370,9 +377,10 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
     variable_axes: ``{collection filter: axis}``: step ``i`` sees slice ``i``
       along ``axis`` (negative counts from the end); variables created inside
       are stacked along it.
-    variable_broadcast: collections every step shares, as they were before
-      the loop. What a step writes to them (e.g. parameters created at init)
-      must not depend on the carry, the scanned inputs or a split stream.
+    variable_broadcast: collections every step shares. What a step writes to
+      them (e.g. parameters created at init) is computed once, before the
+      loop, and every step sees it; it must not depend on the carry, the
+      scanned inputs or a split stream.
     variable_carry: collections carried from step to step, like ``carry``.
       They may be created inside the step: the first step then runs on its own
       before the loop, so the result equals the unrolled Python loop.

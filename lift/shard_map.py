@@ -36,6 +36,9 @@ _BAD_SPEC = (
     'shard_map: variable_specs[{key!r}] = {value!r} is not a PartitionSpec. One '
     'spec applies to every variable of the matched collections (use separate '
     "collections for different layouts). Fix: e.g. variable_specs={{{key!r}: P('model')}}.")
+_BAD_SPLIT_RNGS = (
+    'shard_map: split_rngs must be a dict {{stream filter: True | False | axis | '
+    "(axes...)}}, got {value!r}. Fix: e.g. split_rngs={{'params': True}}.")
 _BAD_SPLIT = (
     'shard_map: split_rngs[{key!r}] = {value!r} is not a bool, a mesh axis name or '
     'a tuple of them. The mesh has axes {axes}. Fix: e.g. split_rngs={{{key!r}: '
@@ -77,8 +80,7 @@ def _split_axes(key: Filter, value: Any, manual: Sequence[str]) -> tuple[str, ..
 
 def _check_split_rngs(split_rngs: Any, manual: Sequence[str]):
   if not isinstance(split_rngs, Mapping):
-    raise errors.InvalidAxisError(_BAD_SPLIT.format(
-        key='params', value=split_rngs, axes=tuple(manual), example=manual[0] if manual else 'model'))
+    raise errors.InvalidAxisError(_BAD_SPLIT_RNGS.format(value=split_rngs))
   for key in split_rngs:
     validate_filter(key)
   axes = tuple(_split_axes(k, v, manual) for k, v in split_rngs.items())

@@ -176,17 +176,24 @@ def mapped_arguments(fn: Callable[..., Any], args: tuple, axes: Sequence[Any],
 
 
 def mapped_variables(groups: Sequence[Any], axes: Sequence[int | None]) -> list[MappedLeaf]:
-  """The leaves of the variable groups that have an axis, labelled ``variable col/path``."""
+  """The arrays of the variable groups that have an axis, labelled ``variable col/path``.
+
+  Boxes are looked into, not unboxed: ``Partitioned.unbox`` would add a
+  sharding constraint just to read a shape.
+  """
   leaves = []
   for group, axis in zip(groups, axes):
     if axis is None:
       continue
-    for path, leaf in jax.tree_util.tree_flatten_with_path(meta.unbox(group))[0]:
-      leaves.append(MappedLeaf(f'variable {path_text(path[1:])[1:]}', np.shape(leaf), axis))
+    boxed = jax.tree_util.tree_flatten_with_path(group, is_leaf=meta.is_axis_metadata)[0]
+    for path, value in boxed:
+      label = f'variable {path_text(path[1:])[1:]}'
+      leaves.extend(MappedLeaf(label, np.shape(leaf), axis) for leaf in jax.tree.leaves(value))
   return leaves
 
 
-def _size_of(transform: str, argument: str, leaf: MappedLeaf) -> int:
+def leaf_axis_size(transform: str, argument: str, leaf: MappedLeaf) -> int:
+  """The size of ``leaf`` along its axis; `InvalidAxisError` if it has no such axis."""
   ndim = len(leaf.shape)
   if not -ndim <= leaf.axis < ndim:
     raise errors.InvalidAxisError(_AXIS_OUT_OF_RANGE.format(
@@ -209,7 +216,7 @@ def infer_axis_size(transform: str, size_argument: str, leaves: Sequence[MappedL
   """The one size of every mapped leaf's axis (and of ``given``, if not None)."""
   by_size: dict[int, list[str]] = {}
   for leaf in leaves:
-    size = _size_of(transform, axis_argument, leaf)
+    size = leaf_axis_size(transform, axis_argument, leaf)
     by_size.setdefault(size, []).append(f'axis {leaf.axis} of {leaf.label} {leaf.shape}')
   if given is not None and set(by_size) <= {given}:
     return given
@@ -324,4 +331,4 @@ def vmap(fn: Callable[..., Any], variable_axes: Mapping[Filter, int | None],
   return pack(inner, filters, filters, rng_filters, name='vmap')
 
 
-__all__ = ['vmap', 'infer_axis_size', 'split_rng_groups', 'MappedLeaf']
+__all__ = ['vmap', 'infer_axis_size', 'leaf_axis_size', 'split_rng_groups', 'MappedLeaf']

@@ -159,7 +159,9 @@ def bad_arguments_fail_when_built():
   cases = [
       (dict(mesh='mesh'), 'is not a jax.sharding.Mesh'),
       (dict(variable_specs={'params': ('model',)}), "variable_specs['params']"),
+      (dict(variable_specs=[P()]), 'variable_specs must be a dict'),
       (dict(split_rngs={'params': 'rows'}), "split_rngs['params'] = 'rows'"),
+      (dict(split_rngs=True), 'split_rngs must be a dict'),
   ]
   for kwargs, match in cases:
     arguments = {**dict(mesh=_mesh(), in_specs=P(), out_specs=P()), **kwargs}

@@ -31,13 +31,13 @@ def _assert_trees_close(a, b):
 def test_vmap_equals_jax_vmap_over_hand_stacked_params():
   keys = jax.random.split(jax.random.key(1), 3)
   params = _stack([lift.init(mlp)(k, XS[i])[1]['params'] for i, k in enumerate(keys)])
-  expected = jax.vmap(lambda p, x: lift.apply(mlp)({'params': p}, x))(params, XS)
-  got = lift.apply(lift.vmap(mlp, **ENSEMBLE))({'params': params}, XS)
+  expected = jax.jit(jax.vmap(lambda p, x: lift.apply(mlp)({'params': p}, x)))(params, XS)
+  got = jax.jit(lift.apply(lift.vmap(mlp, **ENSEMBLE)))({'params': params}, XS)
   np.testing.assert_allclose(got, expected, rtol=1e-6)
 
 
 def test_vmap_gradient_equals_jax_vmap_gradient():
-  _, variables = lift.init(lift.vmap(mlp, **ENSEMBLE))(KEY, XS)
+  _, variables = jax.jit(lift.init(lift.vmap(mlp, **ENSEMBLE)))(KEY, XS)
 
   def lifted_loss(params):
     return jnp.sum(lift.apply(lift.vmap(mlp, **ENSEMBLE))({'params': params}, XS) ** 2)
@@ -46,7 +46,7 @@ def test_vmap_gradient_equals_jax_vmap_gradient():
     return jnp.sum(jax.vmap(lambda p, x: lift.apply(mlp)({'params': p}, x))(params, XS) ** 2)
 
   got = jax.jit(jax.grad(lifted_loss))(variables['params'])
-  _assert_trees_close(got, jax.grad(oracle_loss)(variables['params']))
+  _assert_trees_close(got, jax.jit(jax.grad(oracle_loss))(variables['params']))
 
 
 def test_shared_params_equal_unmapped_call():
