@@ -1,4 +1,5 @@
 """The loop engine: every checkpoint policy computes lax.scan's values and gradients; what each keeps."""
+import functools
 import math
 import warnings
 
@@ -22,6 +23,15 @@ POLICIES = [
 ]
 
 CARRY, FEATURES = 5, 4
+
+
+def policy_id(remat):
+  """A short test id: the fields that differ from the defaults."""
+  if not isinstance(remat, ScanCheckpointPolicy):
+    return str(remat)
+  default = ScanCheckpointPolicy()
+  return ",".join(f"{name}={value}" for name, value in vars(remat).items()
+                  if value != getattr(default, name))
 
 
 def body(carry, x):
@@ -67,12 +77,16 @@ def _quiet_offload_fallback():
     yield
 
 
-@pytest.mark.parametrize("remat", POLICIES, ids=str)
+@functools.cache
+def no_remat_value_and_grad(reverse):
+  return jax.value_and_grad(loss, (0, 1))(*inputs(13), False, reverse)
+
+
+@pytest.mark.parametrize("remat", POLICIES, ids=policy_id)
 @pytest.mark.parametrize("reverse", [False, True])
 def test_every_policy_matches_no_remat(remat, reverse):
-  init, xs = inputs(13)
-  want = jax.value_and_grad(loss, (0, 1))(init, xs, False, reverse)
-  got = jax.value_and_grad(loss, (0, 1))(init, xs, remat, reverse, 2)
+  want = no_remat_value_and_grad(reverse)
+  got = jax.value_and_grad(loss, (0, 1))(*inputs(13), remat, reverse, 2)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
@@ -133,7 +147,8 @@ def test_nested_keeps_outer_carries_only():
 
 
 @pytest.mark.parametrize("steps,remat", [(13, "nested"), (13, ScanCheckpointPolicy(nested=5)),
-                                          (64, "nested"), (61, "nested")])
+                                          (64, "nested"), (61, "nested")],
+                         ids=["13-auto", "13-5blocks", "64-auto", "61-auto"])
 def test_nested_saves_fewer_carries_for_any_length(steps, remat):
   init, xs = inputs(steps)
   final = lambda i, x: jnp.sum(loops.run_scan(body, i, x, remat=remat)[0])
@@ -196,7 +211,7 @@ def test_checkpoint_name_tags_array_leaves_only():
 NESTED = [ScanCheckpointPolicy(nested=3), "nested"]
 
 
-@pytest.mark.parametrize("remat", NESTED, ids=str)
+@pytest.mark.parametrize("remat", NESTED, ids=policy_id)
 def test_nested_with_integer_leaves_and_closed_over_parameters(remat):
   scale = jnp.float32(1.5)
 
@@ -219,13 +234,12 @@ def test_nested_with_integer_leaves_and_closed_over_parameters(remat):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("remat", NESTED, ids=str)
-def test_nested_second_order_vmap_and_python_float_init(remat):
+def test_nested_second_order_vmap_and_python_float_init():
   xs = jnp.linspace(0.1, 1.0, 7)
   f = lambda c0, remat: jnp.sum(loops.run_scan(
       lambda c, x: (jnp.sin(c * x), c), c0, xs, remat=remat)[1])
-  np.testing.assert_allclose(jax.grad(jax.grad(f))(0.3, remat),
+  np.testing.assert_allclose(jax.grad(jax.grad(f))(0.3, "nested"),
                              jax.grad(jax.grad(f))(0.3, False), rtol=1e-5)
   batched = jax.vmap(jax.grad(f), in_axes=(0, None))
-  np.testing.assert_allclose(batched(jnp.linspace(0.0, 1.0, 4), remat),
+  np.testing.assert_allclose(batched(jnp.linspace(0.0, 1.0, 4), "nested"),
                              batched(jnp.linspace(0.0, 1.0, 4), False), rtol=1e-5)

@@ -153,6 +153,9 @@ def _run_blocks(loop: Loop, consts: list, xs: Any, carry: Any):
 def forward(loop: Loop, consts: list, xs: Any, init: Any) -> Forward:
   """Runs the loop, keeping only the carries that enter blocks and the remainder."""
   plan = loop.plan
+  if not plan.remainder:
+    carry, entries, ys = _run_blocks(loop, consts, xs, init)
+    return Forward(carry, ys, Entries(entries, init))
   rest_start = plan.blocks * plan.block_length
   run_rest = lambda c: _run_steps(loop, consts, xs, c, rest_start, plan.remainder)
   if loop.reverse:
@@ -225,10 +228,10 @@ def backward(loop: Loop, consts: list, xs: Any, entries: Entries, ct_carry: Any,
   plan = loop.plan
   rest = lambda state: _segment_backward(loop, consts, xs, ct_ys, state, entries.rest,
                                          plan.blocks * plan.block_length, plan.remainder)
-  if not loop.reverse:
+  if plan.remainder and not loop.reverse:
     cts = rest(cts)
   cts = _blocks_backward(loop, consts, xs, ct_ys, cts, entries.blocks)
-  return rest(cts) if loop.reverse else cts
+  return rest(cts) if plan.remainder and loop.reverse else cts
 
 
 def _to_host(tree: Any) -> Any:
@@ -267,7 +270,7 @@ _nested.defvjp(_nested_fwd, _nested_bwd)
 def nested_scan(body: Callable, init: Any, xs: Any, plan: BlockPlan, *,
                 reverse: bool = False, unroll: int | bool = 1,
                 offload_carries: bool = False) -> tuple[Any, Any]:
-  """`lax.scan(body, init, xs)` (xs not None, at least one step) under nested remat.
+  """`lax.scan(body, init, xs, length=plan steps)` under nested remat (at least one step).
 
   `offload_carries` keeps the carries entering blocks in host memory between
   the forward and backward passes.
