@@ -1,4 +1,6 @@
 """`custom_causal`, `causal_self_attention`, and a small Transformer."""
+import functools
+
 import flax.linen as nn
 import jax
 from jax import lax
@@ -81,13 +83,15 @@ def test_custom_with_time_on_another_axis_converts_the_original():
 def test_custom_values_and_gradients_are_the_originals():
   x = rand((T, 3))
   np.testing.assert_allclose(running_mean(x), running_mean_full(x))
-  for transform in (jax.grad, jax.jacfwd):
-    got = transform(lambda x: jnp.sum(running_mean(x) ** 2))(x)
-    want = transform(lambda x: jnp.sum(running_mean_full(x) ** 2))(x)
+
+  def derivatives(fn, x):
+    loss = lambda x: jnp.sum(fn(x) ** 2)
+    return jax.grad(loss)(x), jax.jacfwd(loss)(x), jax.vmap(fn)(x[None])
+
+  derivatives = jax.jit(derivatives, static_argnums=0)
+  for got, want in zip(derivatives(running_mean, x),
+                       derivatives(running_mean_full, x)):
     np.testing.assert_allclose(got, want, rtol=1e-6)
-  batched = jax.jit(jax.vmap(running_mean))(rand((2, T, 3)))
-  np.testing.assert_allclose(batched, jax.vmap(running_mean_full)(
-      rand((2, T, 3))), rtol=1e-6)
 
 
 def flax_causal_attention(q, k, v):
@@ -99,10 +103,11 @@ def flax_causal_attention(q, k, v):
                                        (jnp.bfloat16, 1e-2)])
 def test_attention_matches_flax(dtype, tol):
   q, k, v = (rand((2, T, 3, 4), seed, dtype) for seed in range(3))
-  np.testing.assert_allclose(
-      np.asarray(causal_self_attention(q, k, v), np.float32),
-      np.asarray(flax_causal_attention(q, k, v), np.float32), rtol=tol,
-      atol=tol)
+  got = jax.jit(causal_self_attention)(q, k, v)
+  want = jax.jit(flax_causal_attention)(q, k, v)
+  np.testing.assert_allclose(np.asarray(got, np.float32),
+                             np.asarray(want, np.float32), rtol=tol,
+                             atol=tol)
 
 
 def test_attention_time_first_layout():
@@ -131,9 +136,14 @@ def test_attention_bfloat16_steps():
 
 def test_attention_gradients_are_the_originals():
   q, k, v = (rand((T, 2, 4), seed) for seed in range(3))
-  got = jax.grad(lambda q: jnp.sum(causal_self_attention(q, k, v) ** 2))(q)
-  want = jax.grad(lambda q: jnp.sum(flax_causal_attention(q, k, v) ** 2))(q)
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def grad(attention, q):
+    return jax.grad(lambda q: jnp.sum(attention(q, k, v) ** 2))(q)
+
+  np.testing.assert_allclose(grad(causal_self_attention, q),
+                             grad(flax_causal_attention, q), rtol=1e-5,
+                             atol=1e-6)
 
 
 def test_hand_written_attention_asks_for_custom_causal():

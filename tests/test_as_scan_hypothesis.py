@@ -63,7 +63,7 @@ def compose(names):
   return g
 
 
-@hypothesis.settings(max_examples=12, deadline=None, derandomize=True)
+@hypothesis.settings(max_examples=8, deadline=None, derandomize=True)
 @hypothesis.given(
     names=st.lists(st.sampled_from(sorted(BLOCKS)), min_size=1, max_size=4),
     prefill=st.integers(min_value=1, max_value=T - 1))

@@ -347,7 +347,7 @@ def run_step(program: Program, states, t: jax.Array, inputs: Sequence[Any]):
       env.write(instr.eqn.outvars, _compat.bind_equation(instr.eqn, args))
       continue
     buffers, state = next(instr_states)
-    index = t + instr.offset
+    index = t + instr.offset if instr.offset else t
     buffers = list(buffers)
     for b, (i, _) in enumerate(instr.delays):
       buffers[b], args[i] = frames.delay_step(buffers[b], index, args[i])
