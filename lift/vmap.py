@@ -55,6 +55,13 @@ _NO_SIZE = (
     '{transform}: cannot tell the size of the mapped axis: no argument is mapped '
     'and no collection in variable_axes has variables yet (as during init). '
     'Fix: pass {size_argument}=N, e.g. {size_argument}=4.')
+_SHARED_WRITE = (
+    'vmap: a collection shared by every item (variable_axes None) was written '
+    'with a value that differs from item to item; JAX reports: {detail}. (In '
+    "that path, out_axes[1][group][root] is followed by the collection and the "
+    'variable names.) Fix: reduce the value over the mapped axis first, e.g. '
+    "jax.lax.pmean(value, axis_name) with axis_name='batch' given to vmap, or "
+    "give the collection an axis: variable_axes={{'collection': 0}}.")
 _BAD_SIZE = (
     '{transform}: {size_argument}={value!r} is not a non-negative int. Fix: '
     'e.g. {size_argument}=4, or None to infer it from the mapped values.')
@@ -276,11 +283,17 @@ def _vmap_groups(fn, config: _VmapConfig, scope_fn, repack_fn, variable_groups,
   rng_groups = split_rng_groups(rng_groups, config.rng_splits, size)
   rng_axes = tuple(0 if split else None for split in config.rng_splits)
   body = functools.partial(_mapped_body, fn, scope_fn, repack_fn, kwargs)
-  y, out_groups = jax.vmap(
+  mapped_body = jax.vmap(
       body, in_axes=(config.variable_axes, rng_axes, config.in_axes),
       out_axes=(config.out_axes, config.variable_axes), axis_size=size,
-      axis_name=config.axis_name, spmd_axis_name=config.spmd_axis_name,
-  )(groups, rng_groups, args)
+      axis_name=config.axis_name, spmd_axis_name=config.spmd_axis_name)
+  try:
+    y, out_groups = mapped_body(groups, rng_groups, args)
+  except ValueError as error:
+    # JAX's message for a batched value under out_axes None; [1] is our variables slot.
+    if str(error).startswith('at vmap out_axes[1]'):
+      raise errors.InvalidAxisError(_SHARED_WRITE.format(detail=error)) from None
+    raise
   return y, add_group_axes(out_groups, config.variable_axes, config.metadata_params)
 
 

@@ -239,3 +239,25 @@ def test_in_axes_not_a_prefix_raises():
 def test_bad_arguments_fail_when_built(kwargs, match):
   with pytest.raises(errors.LiftError, match=match):
     lift.vmap(dense, **kwargs)
+
+
+def test_spmd_axis_name_reaches_sharding_constraints():
+  def constrained(scope, x):
+    return jax.lax.with_sharding_constraint(dense(scope, x, 3), jax.sharding.PartitionSpec('model'))
+
+  mapped = lift.vmap(constrained, spmd_axis_name='data', **ENSEMBLE)
+  mesh = jax.make_mesh((1, 1), ('data', 'model'), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  with jax.set_mesh(mesh):
+    _, variables = jax.jit(lift.init(mapped))(KEY, XS)
+    text = jax.jit(lift.apply(mapped)).lower(variables, XS).as_text()
+  assert '[{"data"}, {"model"}]' in text
+
+
+def test_per_item_write_to_a_shared_collection_raises():
+  def record(scope, x):
+    scope.variable('stats', 'last', jnp.zeros, x.shape).value = x
+    return x
+
+  mapped = lift.vmap(record, variable_axes={'stats': None}, split_rngs={})
+  with pytest.raises(errors.InvalidAxisError, match=r"shared by every item.*\['stats'\]\['last'\].*pmean"):
+    lift.init(mapped)(KEY, XS)
