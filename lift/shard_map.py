@@ -161,7 +161,7 @@ def shard_map(fn: Callable[..., Any], *, mesh: jax.sharding.Mesh, in_specs: Any,
   ``Partitioned`` variables already give that.
 
   >>> from jax.sharding import PartitionSpec as P
-  >>> mesh = jax.make_mesh((1,), ('model',))
+  >>> mesh = jax.make_mesh((1,), ('model',), axis_types=(jax.sharding.AxisType.Auto,))
   >>> def dense(scope, x):
   ...   w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1], 2))
   ...   return jax.lax.psum(x @ w, 'model')
