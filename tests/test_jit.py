@@ -145,11 +145,11 @@ def test_many_draws_and_a_forgotten_draw_record_still_give_the_keys_of_no_jit():
     return jnp.stack([jax.random.key_data(scope.make_rng('dropout')) for _ in range(n)])
   def model(scope, n, fn):
     return fn(scope.push('a'), n), fn(scope.push('a', reuse=True), n)
-  for n in (3, 40):  # 40 draws overflow the first hash array: one retrace with a larger one
+  for n in (3, 20):  # 20 draws overflow the first hash array: one retrace with a larger one
     plain = lift.apply(model)({}, n, many, rngs=RNGS)
     assert_trees_close(lift.apply(model)({}, n, lift.jit(many, static_argnums=1), rngs=RNGS), plain)
   sys.modules['lift.jit']._RECORDED.clear()  # JAX still holds the traces: records anew
-  assert_trees_close(lift.apply(model)({}, 40, lift.jit(many, static_argnums=1), rngs=RNGS), plain)
+  assert_trees_close(lift.apply(model)({}, 20, lift.jit(many, static_argnums=1), rngs=RNGS), plain)
 
 
 def test_rewrapping_the_same_function_and_other_scopes_do_not_retrace():
@@ -200,7 +200,7 @@ def test_jit_inside_jit_checkpoint_and_split_while_loop_draw_the_keys_of_no_jit(
   np.testing.assert_array_equal(jax.random.key_data(y[2]), jax.random.key_data(y_jit[2]))
 
 
-def test_jit_inside_vmap_with_split_rngs_and_under_grad():
+def test_jit_inside_vmap_with_split_rngs():
   def noisy(scope, x):
     return dense(scope, x, 2) + jax.random.normal(scope.make_rng('dropout'), (1, 2))
   def ensemble(scope, x, fn):
@@ -209,9 +209,6 @@ def test_jit_inside_vmap_with_split_rngs_and_under_grad():
   y, variables = lift.init(ensemble)(RNGS, X, noisy)
   y_jit, variables_jit = lift.init(ensemble)(RNGS, X, lift.jit(noisy))
   assert_trees_close((y, variables), (y_jit, variables_jit))
-  loss = lambda p, fn: jnp.sum(lift.apply(ensemble)({'params': p}, X, fn, rngs=RNGS))
-  assert_trees_close(jax.grad(loss)(variables['params'], noisy),
-                     jax.grad(loss)(variables['params'], lift.jit(noisy)))
 
 
 def test_jit_under_jax_grad_and_jax_jit():
