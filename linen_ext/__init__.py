@@ -36,6 +36,8 @@ from linen_ext.layers import (BatchNorm, Conv, Dense, DenseGeneral, Dropout, Emb
                               RMSNorm, SelfAttention)
 from linen_ext.module import Module, compact, nowrap
 from linen_ext.variables_api import tuple_init, tuple_reduce
-from linen_ext.transforms import (add_metadata_axis, checkpoint, jit, map_variables, remat,
-                                  remat_scan, scan, vmap)
+from linen_ext.direct import (cond, custom_vjp, grad, jvp, switch, value_and_grad, vjp,
+                              while_loop)
+from linen_ext.transforms import (add_metadata_axis, checkpoint, fold_rngs, jit,
+                                  map_variables, remat, remat_scan, scan, shard_map, vmap)
 from lift.scan import broadcast

@@ -173,3 +173,26 @@ class FlaxAdapterError(ModuleError, TypeError):
         f'`linen_ext.from_flax` expects a flax.linen.Module instance, got '
         f'{type(obj).__name__}. Fix: pass an instance, e.g. '
         '`from_flax(flax.linen.Dense(4))`, not the class.')
+
+
+class MultipleScopesError(ModuleError, ValueError):
+  """vjp/jvp/custom_vjp on a module that brings other modules' scopes along."""
+
+  def __init__(self, transform: str, count: int):
+    super().__init__(
+        f'`nn.{transform}` needs the variables of exactly one module, but this '
+        f'call lifts {count} scopes (modules passed as fields or arguments bring '
+        'their own). The cotangents of variables are shaped like one scope. '
+        f'Fix: call `nn.{transform}` on a module without module fields or '
+        'module arguments, or pass `multi_scope=True` to `nn.vjp` to get one '
+        'cotangent dict per scope.')
+
+
+class NonScalarOutputError(ModuleError, TypeError):
+  """`nn.grad`/`nn.value_and_grad` of a function whose output is not a scalar."""
+
+  def __init__(self, transform: str, shape: tuple):
+    super().__init__(
+        f'`nn.{transform}` differentiates a scalar function, but the output has '
+        f'shape {shape}. Fix: reduce it first, e.g. `lambda mdl, x: mdl(x).sum()`, '
+        'or use `nn.vjp` for a vector output.')

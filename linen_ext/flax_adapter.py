@@ -8,9 +8,11 @@ the flax module shares. So:
 * its variables are ``S``'s variables, nested under ``p`` going in and taken
   from under ``p`` coming out (mutated collections are written back to ``S``);
 * its rng keys are a native flax model's: our stream at ``S`` is the raw key
-  plus suffix ``p``, and flax derives ``fold_in(key, hash(p + names + counter))``
-  from the raw key and the same path. Later calls of the same instance get
-  ``S``'s draw number k (k >= 2) as their key: fresh, but not Flax's value;
+  plus suffix ``p`` (the path, unless ``fold_rngs`` cut it; the flax tree is
+  built along the suffix), and flax derives ``fold_in(key, hash(p + names +
+  counter))`` from the raw key and the same names. Later calls of the same
+  instance get ``S``'s draw number k (k >= 2) as their key: fresh, but not
+  Flax's value;
 * inside ``init`` the flag ``is_initializing()`` holds (flax's ``init``), and the
   variables created so far are put back first, so a second call reuses them;
 * mutability is ``S``'s filter, so ``batch_stats`` follow ``apply(mutable=...)``
@@ -89,11 +91,24 @@ def _at(path: tuple[str, ...], tree: Mapping[str, Any]) -> Mapping[str, Any]:
   return tree
 
 
-def _flax_key(scope: Scope, stream_name: str) -> Any:
+def _flax_path(scope: Scope) -> tuple[str, ...]:
+  """Where the flax module sits in its flax tree: our streams' suffix, so keys derive alike.
+
+  The suffix is the scope's path unless a transform such as ``fold_rngs`` cut it.
+  """
+  suffixes = {stream.suffix for stream in scope.rngs.values()}
+  if len(suffixes) == 1:
+    suffix = suffixes.pop()
+    if all(isinstance(name, str) for name in suffix):
+      return suffix
+  return scope.path
+
+
+def _flax_key(scope: Scope, stream_name: str, path: tuple[str, ...]) -> Any:
   """The first call gets the raw key (flax then derives native keys); later ones a fresh draw."""
   stream = scope.rngs[stream_name]
   call = scope.rng_counters.next(stream_name)
-  if call == 1 and stream.suffix == scope.path:
+  if call == 1 and stream.suffix == path:
     return stream.key
   return stream.draw(call)
 
@@ -111,9 +126,9 @@ def run_flax(scope: Scope, target: flax_nn.Module, method: str, args: tuple,
 
   >>> y = run_flax(scope, flax.linen.Dense(3), '__call__', (x,), {})
   """
-  path = scope.path
+  path = _flax_path(scope)
   existing = {col: copy_structure(tree) for col, tree in scope.variables().items()}
-  rngs = {name: _flax_key(scope, name) for name in scope.rngs}
+  rngs = {name: _flax_key(scope, name, path) for name in scope.rngs}
   initializing = bool(scope.get_flag('initializing', False))
   call = FlaxCall(target, method, args, kwargs, existing if initializing else {})
   root = _Path(path) if path else _Leaf(target)

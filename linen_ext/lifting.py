@@ -19,14 +19,16 @@ function is built once per method and the module travels as a static
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import jax
 
+from lift.rng import RngStream
 from lift.scope import Scope, Variable
 
 from linen_ext import errors
@@ -180,6 +182,17 @@ def with_signature(core, fn: Callable[..., Any], leading: tuple[str, ...]):
   core.__signature__ = inspect.Signature(first + params)
   core.__name__ = fn.__name__
   return core
+
+
+@contextlib.contextmanager
+def forked_rngs(scope: Scope) -> Iterator[None]:
+  """Inside, each stream of ``scope`` restarts from a key drawn from it (Flax's ``fork_rngs``)."""
+  saved = scope.rngs
+  scope.rngs = {name: RngStream(scope.make_rng(name)) for name in saved}
+  try:
+    yield
+  finally:
+    scope.rngs = saved
 
 
 # -- jit: the scope function is built once; the module is a static argument ---------------

@@ -15,16 +15,18 @@ from typing import Any, NamedTuple, TypeVar
 
 from lift.checkpoint import checkpoint as lift_checkpoint
 from lift.filters import Filter
+from lift.fold_rngs import fold_rngs as lift_fold_rngs
 from lift.jit import jit as lift_jit
 from lift.map_variables import map_variables as lift_map_variables
 from lift.metadata import add_axis, remove_axis
 from lift.scan import remat_scan as lift_remat_scan
 from lift.scan import scan as lift_scan
+from lift.shard_map import shard_map as lift_shard_map
 from lift.vmap import vmap as lift_vmap
 
 from linen_ext import errors
-from linen_ext.lifting import (Build, cached_lifted, call_lifted, is_module_class,
-                               mark_wrapped, positional_parameters)
+from linen_ext.lifting import (Build, cached_lifted, call_lifted, forked_rngs,
+                               is_module_class, mark_wrapped, positional_parameters)
 from linen_ext.module import Module, wrap_method
 
 Target = TypeVar('Target')
@@ -35,6 +37,7 @@ class TransformSpec(NamedTuple):
   name: str
   lift_fn: Callable[..., Any]
   cached: bool = False  # jit: build once per method, pass the module as a static argument
+  fork_rngs: bool = False  # streams restart from a key drawn at the module (Flax's fold_rngs)
   adapt: Callable[[str, Callable[..., Any], dict], dict] | None = None
 
 
@@ -57,6 +60,11 @@ def _method(spec: TransformSpec, fn: Callable[..., Any], options: dict,
 
     def method(self, *args, **kwargs):
       return call(self, args, kwargs, cls)
+  elif spec.fork_rngs:
+
+    def method(self, *args, **kwargs):
+      with forked_rngs(self._bound_scope(f'Calling `nn.{spec.name}`-transformed "{fn.__name__}"')):
+        return call_lifted(spec.name, build, fn, self, args, kwargs, cls)
   else:
 
     def method(self, *args, **kwargs):
@@ -178,6 +186,8 @@ CHECKPOINT = TransformSpec('checkpoint', lift_checkpoint, adapt=_checkpoint_opti
 JIT = TransformSpec('jit', lift_jit, cached=True, adapt=_jit_options)
 MAP_VARIABLES = TransformSpec('map_variables', lift_map_variables, adapt=_map_variables_options)
 REMAT_SCAN = TransformSpec('remat_scan', lift_remat_scan)
+FOLD_RNGS = TransformSpec('fold_rngs', lift_fold_rngs, fork_rngs=True)
+SHARD_MAP = TransformSpec('shard_map', lift_shard_map)
 
 
 # -- class and method transforms --------------------------------------------------------
@@ -301,3 +311,31 @@ def add_metadata_axis(target: Target, variable_axes: Mapping[Filter, int] = {}, 
                            trans_out_fn=_metadata_fn(add_axis, axis, metadata_params),
                            mutable=True)
   return target
+
+
+def fold_rngs(target: Target, variables: Filter = True, rngs: Filter = True,
+              methods: Any = None) -> Target:
+  """Runs a Module class or method with rng streams that forget the module's path.
+
+  Only needed to reproduce the keys of Flax's ``fold_rngs``.
+
+  >>> Folded = fold_rngs(Dropout)
+  """
+  return lift_transform(FOLD_RNGS, target, dict(variables=variables, rngs=rngs), methods)
+
+
+def shard_map(target: Target, mesh: Any, in_specs: Any, out_specs: Any,
+              variable_specs: Mapping[Filter, Any] = {},  # noqa: B006
+              split_rngs: Mapping[Filter, Any] = {},  # noqa: B006
+              axis_names: frozenset = frozenset(), check_vma: bool = True,
+              methods: Any = None) -> Target:
+  """Runs a Module class or method per shard of ``mesh`` (``lift.shard_map``).
+
+  ``variable_specs`` gives each collection's ``PartitionSpec``, inside and out.
+
+  >>> Sharded = shard_map(Block, mesh, in_specs=P('data'), out_specs=P('data'),
+  ...                     variable_specs={'params': P()})
+  """
+  return lift_transform(SHARD_MAP, target, dict(
+      mesh=mesh, in_specs=in_specs, out_specs=out_specs, variable_specs=variable_specs,
+      split_rngs=split_rngs, axis_names=axis_names, check_vma=check_vma), methods)

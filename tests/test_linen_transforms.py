@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import linen_ext as nn
 from linen_ext import errors
@@ -40,6 +41,10 @@ TRANSFORMS = {
                           trans_in_fn=lambda v: jax.tree_util.tree_map(lambda a: 2 * a, v),
                           trans_out_fn=lambda v: jax.tree_util.tree_map(lambda a: a / 2, v)),
     'remat_scan': dict(lengths=(2, 2)),
+    'fold_rngs': dict(),
+    'shard_map': dict(mesh=jax.make_mesh((1,), ('data',)), in_specs=P(),
+                      out_specs=P(), variable_specs={'params': P()},
+                      split_rngs={'params': False}),
 }
 STEP = {'scan': lambda y: (y, y.sum()), 'remat_scan': lambda y: y}
 
@@ -300,3 +305,168 @@ def test_bad_methods_argument():
 def test_calling_a_transformed_method_outside_apply():
   with pytest.raises(errors.UnboundModuleError, match='nn.jit'):
     nn.jit(nn.Dense)(2)(X)
+
+
+# -- Flax's direct transforms: nn.cond(pred, f, g, self, x) and friends -------------------
+
+
+def direct_models(nn):
+  class LearnScale(nn.Module):
+    @nn.compact
+    def __call__(self, x, y):
+      return self.param('scale', nn.initializers.ones_init(), ()) * x * y
+
+  class Cond(nn.Module):
+    @nn.compact
+    def __call__(self, x, pred):
+      self.variable('state', 'true_count', lambda: 0)
+      self.variable('state', 'false_count', lambda: 0)
+
+      def true_fn(mdl, x):
+        mdl.variable('state', 'true_count').value += 1
+        return nn.Dense(2, name='dense')(x)
+
+      def false_fn(mdl, x):
+        mdl.variable('state', 'false_count').value += 1
+        return -nn.Dense(2, name='dense')(x)
+
+      return nn.cond(pred, true_fn, false_fn, self, x)
+
+  class Switch(nn.Module):
+    @nn.compact
+    def __call__(self, x, index):
+      branches = [lambda m, x: nn.Dense(3, name='a')(x),
+                  lambda m, x: nn.Dense(3, name='a')(x) + 1.0]
+      return nn.switch(index, branches, self, x)
+
+  class While(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      dense = nn.Dense(4)
+      dense(x)
+      return nn.while_loop(lambda m, c: jnp.abs(c).sum() < 100.0, lambda m, c: dense(c) * 2.0,
+                           self, x)
+
+  class Vjp(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      z, bwd = nn.vjp(lambda m, x, y: m(x, y), LearnScale(), x, x)
+      return z, bwd(jnp.ones_like(z))
+
+  class Jvp(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      scale = LearnScale()
+      scale(x, x)
+      return nn.jvp(lambda m, x: m(x, x), scale, (x,), (jnp.ones_like(x),),
+                    {'params': {'scale': jnp.array(1.0)}})
+
+  class Grad(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      dense = nn.Dense(2)
+      dense(x)
+      loss = lambda m, x: (m(x) ** 2).sum()
+      with_aux = lambda m, x: ((m(x) ** 2).sum(), x.sum())
+      return (nn.grad(loss, dense, x), nn.value_and_grad(loss, dense, x),
+              nn.grad(with_aux, dense, x, has_aux=True))
+
+  class SignGrad(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      f = lambda mdl, x: mdl(x)
+      fwd = lambda mdl, x: nn.vjp(f, mdl, x)
+
+      def bwd(vjp_fn, y_t):
+        params_t, *inputs_t = vjp_fn(y_t)
+        return (jax.tree_util.tree_map(jnp.sign, params_t), *inputs_t)
+
+      return nn.custom_vjp(f, forward_fn=fwd, backward_fn=bwd)(nn.Dense(1), x).sum()
+
+  return {'cond': (Cond(), (X, True)), 'switch': (Switch(), (X, 0)), 'while_loop': (While(), (X,)),
+          'vjp': (Vjp(), (X,)), 'jvp': (Jvp(), (X,)), 'grad': (Grad(), (X,)),
+          'custom_vjp': (SignGrad(), (X,))}
+
+
+@pytest.mark.parametrize('name', ['cond', 'switch', 'while_loop', 'vjp', 'jvp', 'grad',
+                                  'custom_vjp'])
+def test_direct_transforms_match_flax(name):
+  ours, args = direct_models(nn)[name]
+  theirs, _ = direct_models(flax_nn)[name]
+  variables = theirs.init(KEY, *args)
+  assert_same(ours.init(KEY, *args), variables)
+  assert_same(ours.apply(variables, *args, mutable=True), theirs.apply(variables, *args, mutable=True))
+  if name == 'custom_vjp':
+    grads = jax.grad(lambda v: ours.apply(v, *args))(variables)
+    assert_same(grads, jax.grad(lambda v: theirs.apply(v, *args))(variables))
+    assert set(np.unique(np.abs(grads['params']['Dense_0']['kernel']))) == {1.0}
+
+
+def test_cond_and_switch_take_the_selected_branch():
+  model, _ = direct_models(nn)['switch']
+  variables = model.init(KEY, X, 1)
+  kernel, bias = variables['params']['a']['kernel'], variables['params']['a']['bias']
+  assert_same(model.apply(variables, X, 1), X @ kernel + bias[None] + 1.0)
+  cond, _ = direct_models(nn)['cond']
+  _, state = cond.apply(cond.init(KEY, X, True), X, False, mutable=['state'])
+  # init took the true branch; this apply the false one.
+  assert (int(state['state']['true_count']), int(state['state']['false_count'])) == (1, 1)
+
+
+def test_fold_rngs_draws_flax_keys():
+  def make(nn):
+    class Noisy(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        noise = jax.random.normal(self.make_rng('dropout'), x.shape)
+        return nn.Dropout(0.5, deterministic=False)(nn.Dense(4)(x)) + noise
+
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return nn.fold_rngs(Noisy)(name='noisy')(x)
+    return Model()
+
+  rngs = {'params': KEY, 'dropout': jax.random.key(1)}
+  variables = make(flax_nn).init(rngs, X)
+  assert_same(make(nn).init(rngs, X), variables)
+  assert_same(make(nn).apply(variables, X, rngs=rngs), make(flax_nn).apply(variables, X, rngs=rngs))
+
+
+def test_shard_map_on_a_one_device_mesh_equals_the_plain_module():
+  mesh = jax.make_mesh((1,), ('data',))
+  sharded = nn.shard_map(nn.Dense, mesh, in_specs=P(), out_specs=P(),
+                         variable_specs={'params': P()}, split_rngs={'params': False})
+  variables = sharded(3, name='dense').init(KEY, X)
+  assert_same(variables, nn.Dense(3, name='dense').init(KEY, X))
+  assert_same(sharded(3).apply(variables, X), nn.Dense(3).apply(variables, X))
+
+
+def test_vjp_needs_a_single_scope():
+  class Twice(nn.Module):
+    inner: nn.Module
+
+    def __call__(self, x):
+      return self.inner(x)
+
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      twice = Twice(nn.Dense(2))
+      twice(x)
+      return nn.vjp(lambda m, x: m(x), twice, x)[0]
+
+  with pytest.raises(errors.MultipleScopesError, match='2 scopes.*multi_scope=True'):
+    Model().init(KEY, X)
+
+
+def test_grad_of_a_vector_output_is_an_error():
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      dense = nn.Dense(2)
+      dense(x)
+      return nn.grad(lambda m, x: m(x), dense, x)
+
+  with pytest.raises(errors.NonScalarOutputError, match=r'shape \(2, 2\).*sum\(\)'):
+    Model().init(KEY, X)
