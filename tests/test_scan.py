@@ -29,6 +29,11 @@ def _apply_layer(params, c, x):
   return lift.apply(layer)({'params': params}, c, x)
 
 
+def _apply_shifted(params, c, x, shift):
+  c, h = _apply_layer(params, c, x)
+  return c, h + shift[None]
+
+
 def _layer_params(keys):
   return jax.jit(jax.vmap(lambda k: lift.init(layer)(k, C0, XS[0])[1]['params']))(keys)
 
@@ -103,14 +108,9 @@ def test_negative_axes_and_broadcast_inputs():
   assert ys.shape == (2, 3, 5)
   params = jax.tree.map(lambda p: jnp.moveaxis(p, -1, 0), variables['params'])
   expected_c, expected_ys = lax.scan(
-      lambda c, px: step_apply(px[0], c, px[1], shift), C0, (params, XS))
+      lambda c, px: _apply_shifted(px[0], c, px[1], shift), C0, (params, XS))
   np.testing.assert_allclose(c, expected_c, rtol=1e-6)
   np.testing.assert_allclose(ys, jnp.moveaxis(expected_ys, 0, -1), rtol=1e-6)
-
-
-def step_apply(params, c, x, shift):
-  c, h = _apply_layer(params, c, x)
-  return c, h + shift[None]
 
 
 def test_broadcast_output_is_computed_once():
