@@ -150,8 +150,10 @@ NOT_CAUSAL = {
                      "`reshape`.*merging"),
     "gather_time": (lambda x: x[jnp.array([1, 0, 2, 3, 5, 4])],
                     "`gather`.*gathers along the scan axis"),
-    "sort_time": (lambda x: jnp.sort(x, axis=0),
-                  "no rule for primitive `sort`.*register_scan_rule"),
+    "sort_time": (lambda x: jnp.sort(x, axis=0), "`sort`.*sorts along"),
+    "while_loop": (lambda x: lax.while_loop(
+        lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2), (0, x))[1],
+                   "no rule for primitive `while`.*register_scan_rule"),
     "strided": (lambda x: jnp.repeat(x[::2], 2, axis=0), "`slice`.*stride"),
     "first_element": (lambda x: x * x[0][None],
                       "`squeeze`.*removes the scan axis"),

@@ -67,6 +67,8 @@ SHAPES = {
          jnp.argmax(x, 1)[:, None].astype(x.dtype)], axis=1),
     "softmax_features": lambda x: jax.nn.softmax(x, axis=-1),
     "rev_features": lambda x: x[:, ::-1],
+    "sort_features": lambda x: jnp.sort(x, axis=1) + jnp.argsort(
+        x, axis=1).astype(x.dtype),
     "static_index": lambda x: x[:, 1:2] * x[:, 0][:, None],
 }
 LINEAR = {

@@ -1,4 +1,5 @@
-"""Rules for primitives that move, add or remove axes other than time."""
+"""Rules for primitives that move, add, remove or reorder axes other than
+time."""
 from __future__ import annotations
 
 import math
@@ -23,6 +24,11 @@ SQUEEZES_TIME = (
 REVERSES_TIME = (
     "it reverses the scan axis {axis} (e.g. xs[::-1]); element t of the "
     "result depends on the last elements of the sequence (anti-causal)."
+)
+
+SORTS_TIME = (
+    "it sorts along the scan axis {axis}; element t of the result may come "
+    "from any position of the sequence."
 )
 
 
@@ -108,6 +114,20 @@ def rev_rule(eqn: Eqn, *, dimensions, **params) -> StepForm:
   return forms.stateless(eqn, [eqn.stream(axis)], fn)
 
 
+def sort_rule(eqn: Eqn, *, dimension, **params) -> StepForm:
+  """Sorts along an axis other than the scan axis."""
+  axis = forms.common_axis(eqn)
+  if dimension == axis:
+    raise eqn.error(SORTS_TIME.format(axis=axis))
+  axes = [axis] * len(eqn.operands)
+
+  def fn(index, args):
+    return forms.bind(eqn, forms.step_args(eqn, args, index, axes), params,
+                      dimension=dimension - (dimension > axis))
+
+  return forms.stateless(eqn, [eqn.stream(axis)] * len(eqn.out_avals), fn)
+
+
 def _register_all() -> None:
   prims = _compat.scan_primitives
   register_scan_rule(prims.broadcast_in_dim_p, broadcast_in_dim_rule)
@@ -115,6 +135,7 @@ def _register_all() -> None:
   register_scan_rule(prims.squeeze_p, squeeze_rule)
   register_scan_rule(prims.transpose_p, transpose_rule)
   register_scan_rule(prims.rev_p, rev_rule)
+  register_scan_rule(prims.sort_p, sort_rule)
 
 
 _register_all()
