@@ -213,3 +213,48 @@ def test_ready_made_layers_keep_flax_constructor_arguments():
     nn.Conv(3)  # kernel_size is required, as in flax
   with pytest.raises(errors.UnboundModuleError, match='Dense'):
     dense(X)
+
+
+def test_axis_metadata_helpers_are_flax_boxes():
+  def make(nn):
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        init = nn.with_partitioning(nn.initializers.lecun_normal(), ('embed', 'mlp'))
+        y = nn.Dense(3, kernel_init=init)(x)
+        w = self.param('w', nn.with_logical_partitioning(nn.initializers.ones, ('mlp',)), (3,))
+        return y * w[None]
+    return Model()
+
+  x = X[0]
+  variables = make(nn).init(KEY, x)
+  assert_same(variables, make(flax_nn).init(KEY, x))
+  kernel = variables['params']['Dense_0']['kernel']
+  assert isinstance(kernel, nn.Partitioned) and kernel.names == ('embed', 'mlp')
+  assert nn.get_partition_spec(variables)['params']['Dense_0']['kernel'] == \
+      jax.sharding.PartitionSpec('embed', 'mlp')
+  with nn.logical_axis_rules([('mlp', 'model')]):
+    assert nn.logical_to_mesh_axes(('mlp',)) == jax.sharding.PartitionSpec('model')
+
+
+def test_vmap_metadata_params_add_the_axis_name_to_boxes():
+  def make(nn):
+    class Layer(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        init = nn.with_partitioning(nn.initializers.lecun_normal(), (None, 'mlp'))
+        return nn.Dense(3, kernel_init=init)(x)
+
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        stack = nn.vmap(Layer, variable_axes={'params': 0}, split_rngs={'params': True},
+                        in_axes=None, axis_size=2,
+                        metadata_params={nn.PARTITION_NAME: 'layers'})
+        return stack()(x)
+    return Model()
+
+  x = X[0]
+  variables = make(nn).init(KEY, x)
+  assert_same(variables, make(flax_nn).init(KEY, x))
+  assert variables['params']['VmapLayer_0']['Dense_0']['kernel'].names == ('layers', None, 'mlp')
