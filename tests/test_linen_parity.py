@@ -182,8 +182,27 @@ def gru_unrolled(nn):
   return Net(), (jnp.linspace(-1, 1, 2 * 4 * 3).reshape(2, 4, 3),), {}
 
 
+def nested_transforms(nn):
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x, _):
+      return nn.tanh(nn.LayerNorm()(nn.Dense(4)(x))), None
+
+  class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      stack = nn.scan(nn.remat(Block, prevent_cse=False), variable_axes={'params': 0},
+                      split_rngs={'params': True}, length=3)
+      x, _ = stack(name='stack')(x, None)
+      heads = nn.vmap(nn.jit(Block), variable_axes={'params': 0}, split_rngs={'params': True},
+                      in_axes=(None, None), axis_size=2)
+      return heads(name='heads')(x, None)[0]
+  return Net(), (jnp.linspace(-1, 1, 8).reshape(2, 4),), {}
+
+
 MODELS = [mlp, cnn, lstm, transformer_block, batchnorm_dropout, ensemble, scanned_layers,
-          remat_block, jitted_block, tied_autoencoder, setup_submodules, gru_unrolled]
+          remat_block, jitted_block, tied_autoencoder, setup_submodules, gru_unrolled,
+          nested_transforms]
 SAME_INIT_VALUES = {mlp, cnn, transformer_block, batchnorm_dropout, ensemble, remat_block,
                     tied_autoencoder, setup_submodules, gru_unrolled}
 

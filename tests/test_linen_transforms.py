@@ -470,3 +470,27 @@ def test_grad_of_a_vector_output_is_an_error():
 
   with pytest.raises(errors.NonScalarOutputError, match=r'shape \(2, 2\).*sum\(\)'):
     Model().init(KEY, X)
+
+
+def test_jit_draws_the_keys_of_the_unjitted_model():
+  def make(nn, jit):
+    class Block(nn.Module):
+      def setup(self):
+        self.dense, self.drop = nn.Dense(4), nn.Dropout(0.5, deterministic=False)
+
+      def __call__(self, x):
+        noise = jax.random.normal(self.make_rng('dropout'), x.shape[-1:])
+        return self.drop(self.dense(x)) + noise[None]
+
+    class Net(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        block = (nn.jit(Block) if jit else Block)(name='block')
+        return block(block(x))
+    return Net()
+
+  rngs = {'params': KEY, 'dropout': jax.random.key(1)}
+  variables = make(flax_nn, False).init(rngs, X)
+  assert_same(make(nn, True).init(rngs, X), variables)
+  expected = make(flax_nn, False).apply(variables, X, rngs=rngs)
+  assert_same(make(nn, True).apply(variables, X, rngs=rngs), expected)
