@@ -101,6 +101,9 @@ def _scan_along_time(eqn: Eqn, jaxpr, num_consts, num_carry, *, reverse,
 
   def prefill(args):
     consts, carry, xs = _split(args, num_consts, num_carry)
+    if eqn.offset == 0:
+      return tuple(carry), [None] * num_carry + [
+          frames.empty_prefix(aval, 0) for aval in eqn.out_avals[num_carry:]]
     xs = [x if op.stream is not None else frames.prefix_slice(x, 0, eqn.offset)
           for op, x in zip(xs_ops, xs)]
 
@@ -187,6 +190,7 @@ def _register_all() -> None:
   register_scan_rule(prims.scan_p, scan_rule)
   register_scan_rule(prims.jit_p, call_rule("jaxpr"))
   register_scan_rule(prims.closed_call_p, call_rule("call_jaxpr"))
+  register_scan_rule(prims.call_p, call_rule("call_jaxpr"))
   register_scan_rule(prims.remat_p, call_rule("jaxpr"))
   register_scan_rule(prims.custom_jvp_call_p, call_rule("call_jaxpr"))
   register_scan_rule(prims.custom_vjp_call_p, call_rule("call_jaxpr"))
