@@ -476,11 +476,12 @@ def test_jit_draws_the_keys_of_the_unjitted_model():
   def make(nn, jit):
     class Block(nn.Module):
       def setup(self):
-        self.dense, self.drop = nn.Dense(4), nn.Dropout(0.5, deterministic=False)
+        self.w = self.param('w', nn.initializers.normal(1.0), (4, 4))
+        self.drop = nn.Dropout(0.5, deterministic=False)
 
       def __call__(self, x):
         noise = jax.random.normal(self.make_rng('dropout'), x.shape[-1:])
-        return self.drop(self.dense(x)) + noise[None]
+        return self.drop(x @ self.w) + noise[None]
 
     class Net(nn.Module):
       @nn.compact
