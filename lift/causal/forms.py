@@ -8,7 +8,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from lift.causal import frames
-from lift.causal.interpreter import Eqn, Info, StepForm, Stream
+from lift.causal.interpreter import Eqn, Info, StepForm
 
 DIFFERENT_AXES = (
     "its operands vary along different axes ({axes}); combining two "
@@ -127,7 +127,3 @@ def stateful(eqn: Eqn, outs: Sequence[Info], init: Any,
 
   return StepForm(outs, step, prefill)
 
-
-def same_offset(eqn: Eqn, axes: Sequence[int]) -> list[Stream]:
-  """Results on `axes`, at the operands' offset."""
-  return [eqn.stream(axis) for axis in axes]
