@@ -33,7 +33,7 @@ from linen_ext.flax_adapter import FlaxModule, from_flax
 from linen_ext.layers import (BatchNorm, Conv, Dense, DenseGeneral, Dropout, Embed,
                               FlaxLayer, GRUCell, LayerNorm, LSTMCell,
                               MultiHeadAttention, MultiHeadDotProductAttention,
-                              RMSNorm, SelfAttention)
+                              RMSNorm, SelfAttention, Sequential)
 from linen_ext.module import Module, compact, nowrap
 from linen_ext.variables_api import tuple_init, tuple_reduce
 from linen_ext.direct import (cond, custom_vjp, grad, jvp, switch, value_and_grad, vjp,
@@ -41,3 +41,6 @@ from linen_ext.direct import (cond, custom_vjp, grad, jvp, switch, value_and_gra
 from linen_ext.transforms import (add_metadata_axis, checkpoint, fold_rngs, jit,
                                   map_variables, remat, remat_scan, scan, shard_map, vmap)
 from lift.scan import broadcast
+from lift import _compat
+
+_compat.hide_from_tracebacks(__file__)

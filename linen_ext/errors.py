@@ -196,3 +196,15 @@ class NonScalarOutputError(ModuleError, TypeError):
         f'`nn.{transform}` differentiates a scalar function, but the output has '
         f'shape {shape}. Fix: reduce it first, e.g. `lambda mdl, x: mdl(x).sum()`, '
         'or use `nn.vjp` for a vector output.')
+
+
+class UnhashableModuleError(ModuleError, TypeError):
+  """`nn.jit` on a module whose fields cannot be hashed."""
+
+  def __init__(self, cls_name: str, error: Exception):
+    super().__init__(
+        f'`nn.jit` caches compilations by the configuration of the module, but '
+        f'a field of `{cls_name}` is not hashable ({error}). Fix: use hashable '
+        'field values (tuples instead of lists, a frozen dataclass or '
+        'FrozenDict instead of a dict, no arrays: pass arrays as call '
+        'arguments or create them as variables).')

@@ -9,6 +9,7 @@ continues the scope's counter across repeated calls exactly as flax does.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import flax.linen as flax_nn
@@ -159,3 +160,25 @@ class Dropout(Module):
     shape = [1 if d in dims else n for d, n in enumerate(inputs.shape)]
     mask = jnp.broadcast_to(jax.random.bernoulli(rng, p=keep_prob, shape=shape), inputs.shape)
     return lax.select(mask, inputs / keep_prob, jnp.zeros_like(inputs))
+
+
+class Sequential(Module):
+  """Applies ``layers`` in order; a tuple output is splatted, a dict passed as keywords.
+
+  >>> model = Sequential([Dense(4), relu, Dense(1)])
+  """
+  layers: Sequence[Callable[..., Any]]
+
+  @compact
+  def __call__(self, *args, **kwargs):
+    if not self.layers:
+      raise ValueError(f'Sequential module {self.name} has no layers.')
+    outputs = self.layers[0](*args, **kwargs)
+    for layer in self.layers[1:]:
+      if isinstance(outputs, tuple):
+        outputs = layer(*outputs)
+      elif isinstance(outputs, dict):
+        outputs = layer(**outputs)
+      else:
+        outputs = layer(outputs)
+    return outputs

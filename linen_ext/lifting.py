@@ -225,8 +225,12 @@ class ModuleProxy:
 
   @classmethod
   def of(cls, module: Module, module_cls: type | None) -> 'ModuleProxy':
-    return cls(module, module_cls, module._state.export(),
-               (module_cls, _fingerprint(module, {})))
+    fingerprint = (module_cls, _fingerprint(module, {}))
+    try:
+      hash(fingerprint)
+    except TypeError as error:
+      raise errors.UnhashableModuleError(type(module).__name__, error) from None
+    return cls(module, module_cls, module._state.export(), fingerprint)
 
 
 def _run_inner_cached(transform: str, fn, scopes, proxy: ModuleProxy, *args, **kwargs):

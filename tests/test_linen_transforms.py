@@ -495,3 +495,20 @@ def test_jit_draws_the_keys_of_the_unjitted_model():
   assert_same(make(nn, True).init(rngs, X), variables)
   expected = make(flax_nn, False).apply(variables, X, rngs=rngs)
   assert_same(make(nn, True).apply(variables, X, rngs=rngs), expected)
+
+
+def test_jit_of_a_module_with_an_unhashable_field():
+  class Scaled(nn.Module):
+    scale: jax.Array
+
+    @nn.jit
+    def __call__(self, x):
+      return x * self.scale
+
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return Scaled(jnp.ones(4))(x)
+
+  with pytest.raises(errors.UnhashableModuleError, match='`Scaled` is not hashable'):
+    Model().init(KEY, X)

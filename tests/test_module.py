@@ -293,3 +293,15 @@ def test_dataclass_fields_and_defaults():
   m = Model(3, name='m')
   assert (m.features, m.use_bias, m.name, m.parent) == (3, True, 'm', None)
   assert Model(3) == Model(3) and hash(Model(3)) == hash(Model(3))
+
+
+def test_sequential_matches_flax():
+  def make(nn):
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return nn.Sequential([nn.Dense(4), nn.relu, nn.Dense(2)])(x)
+    return Model
+
+  variables = check_parity(make, X)
+  assert set(variables['params']) == {'Dense_0', 'Dense_1'}  # bound where they were made
