@@ -128,6 +128,8 @@ CONTROL = {
     "jit": jax.jit(lambda x: jnp.sin(x) + shift(x)),
     "checkpoint": jax.checkpoint(lambda x: jnp.cumsum(jnp.sin(x), 0)),
     "checkpoint_name": lambda x: jax.ad_checkpoint.checkpoint_name(x, "a"),
+    "sharding_constraint": lambda x: jnp.cumsum(lax.with_sharding_constraint(
+        x, jax.sharding.SingleDeviceSharding(jax.devices()[0])), 0),
 }
 
 
