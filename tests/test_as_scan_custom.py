@@ -188,3 +188,25 @@ def test_small_transformer_steps_match_the_full_forward():
   tokens = jnp.arange(T, dtype=jnp.int32) * 7 % 11
   check_scan(lambda t: transformer(params, t), tokens, prefill=[3],
              rtol=1e-4, atol=1e-5)
+
+
+class FlaxBlock(nn.Module):
+  """A causal flax.linen model: Embed, LayerNorm, attention, causal Conv."""
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = nn.Embed(11, 8)(tokens)
+    qkv = nn.DenseGeneral((3, 2, 4))(nn.LayerNorm()(x))
+    attended = causal_self_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2])
+    x = x + nn.DenseGeneral(8, axis=(-2, -1))(attended)
+    x = x + nn.Conv(8, (3,), padding="CAUSAL", kernel_dilation=2)(
+        nn.RMSNorm()(x)[None])[0]
+    return nn.Dense(11)(nn.gelu(x))
+
+
+def test_flax_linen_model_apply_steps():
+  model = FlaxBlock()
+  tokens = jnp.arange(T, dtype=jnp.int32) * 3 % 11
+  variables = model.init(jax.random.PRNGKey(0), tokens)
+  check_scan(lambda t: model.apply(variables, t), tokens, prefill=[2],
+             rtol=1e-4, atol=1e-5)
