@@ -10,7 +10,8 @@ a squared-output loss with respect to the parameters):
 
 Both programs of a pair get the same parameters and inputs, are compiled and
 warmed up first, and are then timed alternately in one process; the script
-prints the median step times and their ratio (lifted / hand-written).
+prints the median step times, their ratio (lifted / hand-written), and whether
+the two compiled programs have the same HLO instructions.
 
     python examples/benchmarks/lift_overhead.py                # width 512, 200 repeats
     python examples/benchmarks/lift_overhead.py --quick        # small, few repeats
@@ -18,6 +19,8 @@ prints the median step times and their ratio (lifted / hand-written).
 from __future__ import annotations
 
 import argparse
+import collections
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -86,6 +89,14 @@ def vmap_pair(members: int, width: int, batch: int) -> Pair:
   return Pair('vmap', _train_step(lifted), _train_step(hand), variables['params'], x)
 
 
+def same_compiled_ops(pair: Pair) -> bool:
+  """Whether both compiled programs have the same multiset of HLO instructions."""
+  def ops(step):
+    text = step.lower(pair.params, pair.x).compile().as_text()
+    return collections.Counter(re.findall(r'= \S+ ([\w-]+)\(', text))
+  return ops(pair.lifted) == ops(pair.hand)
+
+
 def _time_once(step: Callable[..., Any], params: Any, x: jax.Array) -> float:
   start = time.perf_counter()
   jax.block_until_ready(step(params, x))
@@ -121,11 +132,12 @@ def main():
     args.width, args.warmup, args.repeats = 64, 3, 10
   print(f'device: {jax.devices()[0].device_kind}; layers/members {args.layers}, '
         f'width {args.width}, batch {args.batch}, median of {args.repeats}')
-  print(f'{"":6} {"lift (ms)":>10} {"hand (ms)":>10} {"ratio":>7}')
+  print(f'{"":6} {"lift (ms)":>10} {"hand (ms)":>10} {"ratio":>7}  same HLO ops')
   for build in (scan_pair, vmap_pair):
     pair = build(args.layers, args.width, args.batch)
     lifted, hand = measure(pair, args.warmup, args.repeats)
-    print(f'{pair.name:6} {1e3 * lifted:10.3f} {1e3 * hand:10.3f} {lifted / hand:7.3f}')
+    print(f'{pair.name:6} {1e3 * lifted:10.3f} {1e3 * hand:10.3f} {lifted / hand:7.3f}'
+          f'  {same_compiled_ops(pair)}')
 
 
 if __name__ == '__main__':
