@@ -305,3 +305,18 @@ def test_sequential_matches_flax():
 
   variables = check_parity(make, X)
   assert set(variables['params']) == {'Dense_0', 'Dense_1'}  # bound where they were made
+
+
+def test_linen_ext_imports_no_flax_scope_or_lifting():
+  import ast
+  import pathlib
+  forbidden = ('flax.core.scope', 'flax.core.lift', 'flax.core.axes_scan', 'flax.linen.transforms')
+  root = pathlib.Path(nn.__file__).parent
+  imported = []
+  for path in sorted(root.glob('*.py')):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.ImportFrom) and node.module:
+        imported += [node.module] + [f'{node.module}.{a.name}' for a in node.names]
+      elif isinstance(node, ast.Import):
+        imported += [a.name for a in node.names]
+  assert imported and not [m for m in imported if m.startswith(forbidden)]
