@@ -185,7 +185,7 @@ def test_small_transformer_steps_match_the_full_forward():
                  "conv": normal(2, 3, 1, 8), "up": normal(2, 8, 16),
                  "down": normal(2, 16, 8)},
   }
-  tokens = jnp.arange(T, dtype=jnp.int32) * 7 % 11
+  tokens = jnp.asarray(np.arange(T) * 7 % 11, jnp.int32)
   check_scan(lambda t: transformer(params, t), tokens, prefill=[3],
              rtol=1e-4, atol=1e-5)
 
@@ -206,7 +206,7 @@ class FlaxBlock(nn.Module):
 
 def test_flax_linen_model_apply_steps():
   model = FlaxBlock()
-  tokens = jnp.arange(T, dtype=jnp.int32) * 3 % 11
-  variables = model.init(jax.random.PRNGKey(0), tokens)
+  tokens = jnp.asarray(np.arange(T) * 3 % 11, jnp.int32)
+  variables = jax.jit(model.init)(jax.random.PRNGKey(0), tokens)
   check_scan(lambda t: model.apply(variables, t), tokens, prefill=[2],
              rtol=1e-4, atol=1e-5)

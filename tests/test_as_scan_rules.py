@@ -182,7 +182,7 @@ def test_dtypes(dtype, tol, name):
 
 
 def test_embedding_lookup_int_tokens():
-  tokens = jnp.arange(T, dtype=jnp.int32) % 10
+  tokens = jnp.asarray(np.arange(T) % 10, jnp.int32)
   check_scan(lambda t: EMBED[t] * jnp.cumsum(EMBED[t], 0), tokens, prefill=[3])
 
 

@@ -206,6 +206,7 @@ def convert(jaxpr: _compat.Jaxpr, consts: Sequence[Any],
       (those inside library functions): the enclosing call's.
   """
   infos, known = _Env(), _Env(dict(zip(jaxpr.constvars, consts)))
+  from_literals: set = set()
   infos.write(jaxpr.invars, in_infos)
   known.write(jaxpr.invars, in_known)
   instrs = []
@@ -214,7 +215,7 @@ def convert(jaxpr: _compat.Jaxpr, consts: Sequence[Any],
     eqn_where = _compat.source_summary(eqn) or where
     _check_no_poison(eqn, op_infos, eqn_where)
     if all(info is None for info in op_infos):
-      instrs.extend(_convert_unscanned(eqn, infos, known))
+      instrs.extend(_convert_unscanned(eqn, infos, known, from_literals))
     else:
       instrs.append(_convert_stream(eqn, op_infos, infos, known, eqn_where))
   out_infos = [_info(v, infos) for v in jaxpr.outvars]
@@ -229,22 +230,28 @@ def _check_no_poison(eqn, op_infos, where: str) -> None:
           message=info.message, name=eqn.primitive.name, where=where))
 
 
-def _convert_unscanned(eqn, infos: _Env, known: _Env) -> list[Instr]:
+def _convert_unscanned(eqn, infos: _Env, known: _Env,
+                       from_literals: set) -> list[Instr]:
   infos.write(eqn.outvars, [None] * len(eqn.outvars))
   args = [known.read(v) for v in eqn.invars]
   if any(arg is None for arg in args):
     return [Instr(eqn, None, (), (), 0)]
-  known.write(eqn.outvars, hoist(eqn, args))
+  concrete = all(isinstance(v, _compat.Literal) or v in from_literals
+                 for v in eqn.invars)
+  known.write(eqn.outvars, hoist(eqn, args, concrete))
+  if concrete:
+    from_literals.update(eqn.outvars)
   return []
 
 
-def hoist(eqn, args: list) -> list:
+def hoist(eqn, args: list, concrete: bool) -> list:
   """Evaluates an unscanned equation at conversion time.
 
-  Values built from literals alone (iota masks, zeros) come out concrete even
-  under `jit`, so rules can inspect them.
+  With `concrete` (inputs built from literals alone: iota masks, zeros) the
+  results are concrete even under `jit`, so rules can inspect them; other
+  values (weights) are staged as usual, not compiled one op at a time.
   """
-  if any(isinstance(arg, _compat.Tracer) for arg in args):
+  if not concrete:
     return _compat.bind_equation(eqn, args)
   with jax.ensure_compile_time_eval():
     return _compat.bind_equation(eqn, args)

@@ -48,7 +48,8 @@ def check_scan(g: Callable, xs: Any, *, prefill: Sequence[int] = (),
   >>> check_scan(lambda xs: jnp.cumsum(xs, 0), jnp.ones((4, 2)), prefill=[2])
   """
   run = jax.jit(_scan_outputs, static_argnums=(0, 2))
-  want, got, prefilled = run(g, xs, tuple(prefill))
+  want, got, prefilled = jax.tree.map(np.asarray,
+                                      run(g, xs, tuple(prefill)))
   _assert_close(got, want, rtol, atol, "as_scan")
   for length, (out, rest) in zip(prefill, prefilled):
     _assert_close(out, jax.tree.map(lambda y: y[:length], want), rtol, atol,
