@@ -172,7 +172,7 @@ def transformer(params, tokens):
   return x @ params["embed"].T
 
 
-def test_small_transformer_steps_match_the_full_forward():
+def test_small_transformer_steps_match_the_full_forward_and_prompted():
   rng = np.random.default_rng(0)
 
   def normal(*shape):
@@ -180,7 +180,7 @@ def test_small_transformer_steps_match_the_full_forward():
                        jnp.float32)
 
   params = {
-      "embed": normal(11, 8), "pos": normal(T, 8),
+      "embed": normal(11, 8), "pos": normal(T + 3, 8),
       "layers": {"qkv": normal(2, 8, 24), "out": normal(2, 8, 8),
                  "conv": normal(2, 3, 1, 8), "up": normal(2, 8, 16),
                  "down": normal(2, 16, 8)},
@@ -188,6 +188,9 @@ def test_small_transformer_steps_match_the_full_forward():
   tokens = jnp.asarray(np.arange(T) * 7 % 11, jnp.int32)
   check_scan(lambda t: transformer(params, t), tokens, prefill=[3],
              rtol=1e-4, atol=1e-5)
+  prompt = jnp.asarray([3, 1, 4], jnp.int32)
+  check_scan(lambda t: transformer(params, jnp.concatenate([prompt, t]))[3:],
+             tokens, prefill=[2], rtol=1e-4, atol=1e-5)
 
 
 class FlaxBlock(nn.Module):
