@@ -97,7 +97,7 @@ def _split_keys(stream: RngStream, axes: tuple[str, ...], mesh: Any) -> RngStrea
   if _is_explicit(mesh, axes):
     # On explicit axes shard_map checks that inputs already have the in_spec's sharding.
     keys = jax.sharding.reshard(keys, jax.sharding.NamedSharding(mesh, PartitionSpec(axes)))
-  return RngStream(keys, stream.suffix)
+  return dataclasses.replace(stream, key=keys)
 
 
 def _split_group(group: Any, axes: tuple[str, ...], mesh: Any) -> Any:
@@ -112,7 +112,7 @@ def _local_key(group: Any, axes: tuple[str, ...]) -> Any:
   """Inside a shard: its one key, out of the length-1 slice of the split keys."""
   if not axes:
     return group
-  local = lambda s: RngStream(s.key[0], s.suffix)
+  local = lambda s: dataclasses.replace(s, key=s.key[0])
   return jax.tree.map(local, group, is_leaf=lambda x: isinstance(x, RngStream))
 
 

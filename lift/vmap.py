@@ -239,7 +239,7 @@ def infer_axis_size(transform: str, size_argument: str, leaves: Sequence[MappedL
 # -- rngs ----------------------------------------------------------------------------
 
 def _split_stream(stream: RngStream, count: int) -> RngStream:
-  return RngStream(jax.random.split(stream.key, count), stream.suffix)
+  return dataclasses.replace(stream, key=jax.random.split(stream.key, count))
 
 
 def split_rng_groups(rng_groups: Sequence[Any], splits: Sequence[bool], count: int) -> tuple[Any, ...]:

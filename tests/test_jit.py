@@ -211,6 +211,23 @@ def test_jit_inside_vmap_with_split_rngs():
   assert_trees_close((y, variables), (y_jit, variables_jit))
 
 
+def test_jit_around_vmap_and_scan_with_split_rngs_draws_the_keys_of_no_jit():
+  def noisy(scope, x):
+    return dense(scope, x, 4) + jax.random.normal(scope.make_rng('dropout'), (1, 4))
+  ensemble = lambda scope, x: lift.vmap(
+      noisy, variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
+      axis_size=3, in_axes=None)(scope, x)
+  def step(scope, carry, _):
+    return noisy(scope, carry), ()
+  layers = lambda scope, x: lift.scan(
+      step, variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
+      length=3)(scope, x, None)[0]
+  for fn in (ensemble, layers):
+    plain = lift.init(fn)(RNGS, X)
+    jitted = lift.init(lift.jit(fn))(RNGS, X)
+    assert_trees_close(plain, jitted)
+
+
 def test_jit_under_jax_grad_and_jax_jit():
   fn = lambda scope, x: jnp.sum(scope.child(dense, 'dense')(x, 2) ** 2)
   _, variables = lift.init(fn)(RNGS, X)
