@@ -46,7 +46,9 @@ class Prefilled(NamedTuple):
   out_prefill: Any
 
 
-def as_scan(g: Callable, example_xs: Any):
+def as_scan(g: Callable, example_xs: Any
+            ) -> tuple[Callable[[ScanCarry, Any], tuple[ScanCarry, Any]],
+                       ScanCarry]:
   """Derives a scan step from a function that is causal along axis 0.
 
   For causal `g` (`g(xs)[:t] == g(xs[:t])` for every t) returns

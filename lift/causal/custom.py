@@ -103,7 +103,8 @@ class CustomCausal:
     return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
 
 
-def custom_causal(fun: Callable | None = None, *, axis: int = 0):
+def custom_causal(fun: Callable | None = None, *,
+                  axis: int = 0) -> CustomCausal | Callable:
   """Marks `fun` as causal along `axis` of every array it takes and returns.
 
   Use it for composites that are causal as a whole but built from parts that
