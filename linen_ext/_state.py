@@ -9,6 +9,7 @@ from typing import Any
 
 
 class SetupState(enum.IntEnum):
+  """Whether ``setup`` ran, and where."""
   NEW = 0  # setup has not run
   TRANSFORMED = 1  # setup ran outside a transform; the clone inside reruns it, reusing scopes
   DONE = 2

@@ -21,7 +21,11 @@ CaptureFilter = bool | Callable[[Any, str], bool]
 
 
 def capture_call_intermediates(module: Any, method_name: str) -> bool:
-  """The default ``capture_intermediates`` filter: outputs of ``__call__``."""
+  """The default ``capture_intermediates`` filter: outputs of ``__call__``.
+
+  >>> capture_call_intermediates(Dense(2), '__call__')
+  True
+  """
   del module
   return method_name == '__call__'
 

@@ -71,7 +71,11 @@ class _Path(flax_nn.Module):
 
 
 def to_flax_filter(f: Filter) -> Any:
-  """Our filter as flax's (only `DenyList` differs)."""
+  """Our filter as flax's (only `DenyList` differs).
+
+  >>> to_flax_filter(DenyList('intermediates'))
+  DenyList(deny=('intermediates',))
+  """
   if isinstance(f, DenyList):
     return flax_nn.DenyList(to_flax_filter(f.deny))
   if isinstance(f, (set, frozenset)):
@@ -171,7 +175,10 @@ class FlaxModule(Module):
     return run_flax(scope, self.module, '__call__', args, kwargs)
 
   def call_method(self, method: str, *args, **kwargs):
-    """Runs another method of the flax module, e.g. ``call_method('attend', q)``."""
+    """Runs another method of the flax module.
+
+    >>> logits = from_flax(flax.linen.Embed(10, 4)).call_method('attend', query)
+    """
     scope = self._bound_scope(f'Calling flax `{type(self.module).__name__}.{method}`')
     return run_flax(scope, self.module, method, args, kwargs)
 

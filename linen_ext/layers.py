@@ -47,7 +47,11 @@ class FlaxLayer(Module):
 
   @nowrap
   def to_flax(self) -> flax_nn.Module:
-    """The equivalent detached `flax.linen` module."""
+    """The equivalent detached `flax.linen` module.
+
+    >>> Dense(3).to_flax()
+    Dense(...)
+    """
     fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
               if f.init and f.name not in ('parent', 'name')}
     return self.flax_class(**fields, parent=None)
@@ -83,6 +87,7 @@ class Embed(FlaxLayer):
   flax_class = flax_nn.Embed
 
   def attend(self, query):
+    """``query @ embedding.T``: logits over the vocabulary (``embed.attend(h)``)."""
     return self._run('attend', (query,), {})
 
 
@@ -105,11 +110,15 @@ class _RecurrentCell(FlaxLayer):
 
   @nowrap
   def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]):
-    """The initial carry for inputs of ``input_shape`` (as the flax cell)."""
+    """The initial carry for inputs of ``input_shape`` (as the flax cell).
+
+    >>> carry = LSTMCell(4).initialize_carry(jax.random.key(0), (2, 3))
+    """
     return self.to_flax().initialize_carry(rng, input_shape)
 
   @property
   def num_feature_axes(self) -> int:
+    """How many trailing axes of the input are features (1 for these cells)."""
     return self.to_flax().num_feature_axes
 
 

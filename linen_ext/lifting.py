@@ -33,7 +33,7 @@ from lift.scope import Scope, Variable
 
 from linen_ext import errors
 from linen_ext._state import ModuleState
-from linen_ext.module import Module, map_modules, wrap_method
+from linen_ext.module import Module, map_modules
 
 Build = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -58,6 +58,7 @@ jax.tree_util.register_static(VariableArg)
 
 
 class Collected(NamedTuple):
+  """What :func:`collect_scopes` found: scopes to lift and placeholder arguments."""
   scopes: list[Scope]
   args: tuple
   kwargs: dict
@@ -85,7 +86,10 @@ def _collect_module(module: Module, scopes: list[Scope], seen: set[int]):
 
 
 def collect_scopes(module: Module, args: tuple, kwargs: dict) -> Collected:
-  """Stage 1: the scopes to lift, and the arguments with placeholders for modules and Variables."""
+  """Stage 1: the scopes to lift, and the arguments with placeholders for modules and Variables.
+
+  >>> scopes, args, kwargs = collect_scopes(self, (x, self.encoder), {})
+  """
   scopes: list[Scope] = []
   seen: set[int] = set()
 
@@ -122,7 +126,10 @@ def _is_placeholder(x: Any) -> bool:
 
 def rebind(module: Module, args: tuple, kwargs: dict, scopes: list[Scope],
            cls: type | None = None) -> tuple[Module, tuple, dict]:
-  """Stage 3: the module and argument placeholders, bound to the inner ``scopes``."""
+  """Stage 3: the module and argument placeholders, bound to the inner ``scopes``.
+
+  >>> clone, args, kwargs = rebind(module, args, kwargs, inner_scopes)
+  """
   remaining, memo = iter(scopes), {}
 
   def restore(x):
@@ -137,7 +144,10 @@ def rebind(module: Module, args: tuple, kwargs: dict, scopes: list[Scope],
 
 
 def check_return(transform: str, method: str, y: Any):
-  """Stage 4: a transformed method may not return Modules or Variables."""
+  """Stage 4: a transformed method may not return Modules or Variables.
+
+  >>> check_return('vmap', '__call__', (y, {'aux': z}))   # arrays: fine
+  """
   for leaf in jax.tree_util.tree_leaves(y):
     if isinstance(leaf, (Module, Variable)):
       raise errors.TransformedReturnError(transform, method, type(leaf).__name__)
@@ -155,7 +165,10 @@ def _run_inner(transform: str, fn, outer: Module, state: ModuleState, cls: type 
 
 def call_lifted(transform: str, build: Build, fn: Callable[..., Any], module: Module,
                 args: tuple, kwargs: dict, cls: type | None = None) -> Any:
-  """Runs ``fn(module, *args, **kwargs)`` through the lift transform made by ``build``."""
+  """Runs ``fn(module, *args, **kwargs)`` through the lift transform made by ``build``.
+
+  >>> y = call_lifted('remat', lift.checkpoint, Block.__call__, block, (x,), {})
+  """
   if module.scope is None:
     raise errors.UnboundModuleError(type(module).__name__,
                                     f'Calling `nn.{transform}`-transformed "{fn.__name__}"')
@@ -166,7 +179,10 @@ def call_lifted(transform: str, build: Build, fn: Callable[..., Any], module: Mo
 
 def scope_function(transform: str, fn: Callable[..., Any], module: Module,
                    cls: type | None = None) -> Callable[..., Any]:
-  """``core(scopes, *args, **kwargs)``: ``fn`` run on ``module`` rebuilt on ``scopes``."""
+  """``core(scopes, *args, **kwargs)``: ``fn`` run on ``module`` rebuilt on ``scopes``.
+
+  >>> y = lift.checkpoint(scope_function('remat', Block.__call__, block))([block.scope], x)
+  """
   core = functools.partial(_run_inner, transform, fn, module, module._state.export(), cls)
   return with_signature(core, fn, ('scopes',))
 
@@ -176,6 +192,8 @@ def with_signature(core, fn: Callable[..., Any], leading: tuple[str, ...]):
 
   The lift transforms read parameter names from it (error messages, jit's
   ``static_argnames``).
+
+  >>> core = with_signature(functools.partial(run, fn), fn, ('scopes',))  # (scopes, x)
   """
   params = list(inspect.signature(fn).parameters.values())[1:]
   first = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in leading]
@@ -186,7 +204,11 @@ def with_signature(core, fn: Callable[..., Any], leading: tuple[str, ...]):
 
 @contextlib.contextmanager
 def forked_rngs(scope: Scope) -> Iterator[None]:
-  """Inside, each stream of ``scope`` restarts from a key drawn from it (Flax's ``fork_rngs``)."""
+  """Inside, each stream of ``scope`` restarts from a key drawn from it (Flax's ``fork_rngs``).
+
+  >>> with forked_rngs(module.scope):
+  ...   y = lifted(scopes, x)
+  """
   saved = scope.rngs
   scope.rngs = {name: RngStream(scope.make_rng(name)) for name in saved}
   try:
@@ -217,7 +239,11 @@ def _fingerprint(value: Any, seen: dict[int, int]) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class ModuleProxy:
-  """A module as a static argument: equal to another with the same configuration and state."""
+  """A module as a static argument: equal to another with the same configuration and state.
+
+  >>> ModuleProxy.of(Block(4, parent=scope), None) == ModuleProxy.of(Block(4, parent=other), None)
+  True
+  """
   module: Any = dataclasses.field(compare=False, hash=False)
   cls: type | None = dataclasses.field(compare=False, hash=False)
   state: ModuleState = dataclasses.field(compare=False, hash=False)
@@ -243,6 +269,9 @@ def cached_lifted(transform: str, build: Build, fn: Callable[..., Any]) -> Calla
 
   ``build`` receives ``core(scopes, proxy, *args, **kwargs)``: the proxy is
   argument 1 and must be static.
+
+  >>> call = cached_lifted('jit', lambda core: lift.jit(core, static_argnums=1), fn)
+  >>> y = call(block, (x,), {})
   """
   core = with_signature(functools.partial(_run_inner_cached, transform, fn), fn,
                         ('scopes', 'module'))
@@ -263,7 +292,11 @@ def cached_lifted(transform: str, build: Build, fn: Callable[..., Any]) -> Calla
 
 
 def positional_parameters(fn: Callable[..., Any]) -> tuple[list[str], bool]:
-  """Names of ``fn``'s positional parameters (``self`` first) and whether it takes ``*args``."""
+  """Names of ``fn``'s positional parameters (``self`` first) and whether it takes ``*args``.
+
+  >>> positional_parameters(lambda self, x, *rest: x)
+  (['self', 'x'], True)
+  """
   params = list(inspect.signature(fn).parameters.values())
   kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
   names = [p.name for p in params if p.kind in kinds]
@@ -271,6 +304,7 @@ def positional_parameters(fn: Callable[..., Any]) -> tuple[list[str], bool]:
 
 
 def is_module_class(target: Any) -> bool:
+  """A Module subclass, or a ``functools.partial`` of one (``is_module_class(Dense)``)."""
   if isinstance(target, functools.partial):
     return is_module_class(target.func)
   return inspect.isclass(target) and issubclass(target, Module)
@@ -280,12 +314,9 @@ def mark_wrapped(fn: Callable[..., Any], original: Callable[..., Any]) -> Callab
   """Marks a transformed method so that Module does not wrap it again.
 
   It must not run ``setup`` outside the transform: setup runs on the clone inside.
+
+  >>> method = mark_wrapped(transformed_call, Block.__call__)
   """
   functools.update_wrapper(fn, original)
   fn.method_handler_wrapped = True  # type: ignore[attr-defined]
   return fn
-
-
-def unwrapped_method(fn: Callable[..., Any]) -> Callable[..., Any]:
-  """The method with Module's setup/compact handling, as it runs on the inner clone."""
-  return wrap_method(fn)

@@ -76,7 +76,10 @@ def nowrap(fun: F) -> F:
 
 
 def wrap_method(fun: F) -> F:
-  """Wraps ``fun`` once so that calls go through :meth:`Module._call_wrapped_method`."""
+  """Wraps ``fun`` once so that calls go through :meth:`Module._call_wrapped_method`.
+
+  >>> call = wrap_method(lambda module, x: module.dense(x))   # runs setup first
+  """
   if getattr(fun, 'method_handler_wrapped', False):
     return fun
 
@@ -95,6 +98,9 @@ def map_modules(fn: Callable[[str, Any], Any], tree: Any, suffix: str = '') -> A
   ``suffix`` is Flax's naming of a module inside an attribute: ``''`` for the
   attribute itself, ``'_0'`` for ``layers[0]``, ``'_a_1'`` for ``{'a': [_, m]}``.
   Lists come back as tuples, as Flax freezes setup attributes.
+
+  >>> map_modules(lambda suffix, m: suffix, [Dense(1), {'a': Dense(2)}])
+  ('_0', {'a': '_1_a'})
   """
   if isinstance(tree, Module):
     return fn(suffix, tree)
@@ -173,7 +179,11 @@ class Module(VariablesMixin, EntryMixin):
     object.__setattr__(self, 'scope', parent.scope.push(self.name, reuse=reuse))
 
   def autoname_prefix(self) -> str:
-    """The prefix of automatic names, ``ClassName`` as in Flax."""
+    """The prefix of automatic names, ``ClassName`` as in Flax.
+
+    >>> Dense(3).autoname_prefix()
+    'Dense'
+    """
     return type(self).__name__
 
   def _register_submodules(self, name: str, value: Any):
@@ -214,7 +224,12 @@ class Module(VariablesMixin, EntryMixin):
         state.setup_called = SetupState.DONE
 
   def setup(self) -> None:
-    """Defines submodules and variables lazily; runs before the first method call."""
+    """Defines submodules and variables lazily; runs before the first method call.
+
+    >>> class Model(Module):
+    ...   def setup(self):
+    ...     self.layers = [Dense(4), Dense(1)]   # named layers_0, layers_1
+    """
 
   @property
   def _initialization_allowed(self) -> bool:
@@ -312,7 +327,11 @@ class Module(VariablesMixin, EntryMixin):
 
   @property
   def path(self) -> tuple[str, ...]:
-    """The names from the root module down to this one (``()`` at the top)."""
+    """The names from the root module down to this one (``()`` at the top).
+
+    >>> Model().bind(variables).dense.path
+    ('dense',)
+    """
     return self._bound_scope('Reading `path`').path
 
 

@@ -33,7 +33,10 @@ Target = TypeVar('Target')
 
 
 class TransformSpec(NamedTuple):
-  """A Module transform: its name, the `lift` transform, and how options reach it."""
+  """A Module transform: its name, the `lift` transform, and how options reach it.
+
+  >>> VMAP = TransformSpec('vmap', lift.vmap)
+  """
   name: str
   lift_fn: Callable[..., Any]
   cached: bool = False  # jit: build once per method, pass the module as a static argument
@@ -127,7 +130,10 @@ def _cached_class(spec: TransformSpec, target: Any, methods: Any, options: dict)
 
 def lift_transform(spec: TransformSpec, target: Target, options: dict,
                    methods: Any = None) -> Target:
-  """Applies ``spec`` to a Module class (a new class) or a method (a decorated method)."""
+  """Applies ``spec`` to a Module class (a new class) or a method (a decorated method).
+
+  >>> VmapMLP = lift_transform(VMAP, MLP, dict(variable_axes={'params': 0}, split_rngs={}))
+  """
   if isinstance(target, Module) or not callable(target):
     raise errors.TransformTargetError(spec.name, target)
   if is_module_class(target):

@@ -15,12 +15,20 @@ K = TypeVar('K')
 
 
 def tuple_reduce(xs: tuple, x: Any) -> tuple:
-  """`sow`'s default reduction: append ``x`` to the tuple ``xs``."""
+  """`sow`'s default reduction: append ``x`` to the tuple ``xs``.
+
+  >>> tuple_reduce((1,), 2)
+  (1, 2)
+  """
   return xs + (x,)
 
 
 def tuple_init() -> tuple:
-  """`sow`'s default initial value: an empty tuple."""
+  """`sow`'s default initial value: an empty tuple.
+
+  >>> tuple_init()
+  ()
+  """
   return ()
 
 
@@ -77,29 +85,47 @@ class VariablesMixin:
     return self._bound_scope(f'make_rng("{name}")').make_rng(name)
 
   def has_rng(self, name: str) -> bool:
+    """Whether stream ``name`` was given to this module (``self.has_rng('dropout')``)."""
     return self._bound_scope(f'has_rng("{name}")').has_rng(name)
 
   def is_initializing(self) -> bool:
-    """True inside ``init`` (and ``init_with_output``)."""
+    """True inside ``init`` (and ``init_with_output``).
+
+    >>> class Model(Module):
+    ...   def __call__(self, x):
+    ...     return x if self.is_initializing() else 2 * x
+    """
     return bool(self._bound_scope('is_initializing()').get_flag('initializing', False))
 
   def is_mutable_collection(self, col: str) -> bool:
+    """Whether ``col`` may be written here (``self.is_mutable_collection('batch_stats')``)."""
     return self._bound_scope('is_mutable_collection').is_mutable_collection(col)
 
   def has_variable(self, col: str, name: str) -> bool:
+    """Whether this module has variable ``col/name`` (``self.has_variable('cache', 'k')``)."""
     return self._bound_scope('has_variable').has_variable(col, name)
 
   def get_variable(self, col: str, name: str, default: T | None = None) -> T | None:
-    """The value of variable ``col/name`` of this module, or ``default``."""
+    """The value of variable ``col/name`` of this module, or ``default``.
+
+    >>> step = self.get_variable('state', 'step', 0)
+    """
     return self._bound_scope('get_variable').get_variable(col, name, default)
 
   def put_variable(self, col: str, name: str, value: Any) -> None:
-    """Writes variable ``col/name``; the collection must be mutable."""
+    """Writes variable ``col/name``; the collection must be mutable.
+
+    >>> self.put_variable('state', 'step', step + 1)
+    """
     self._bound_scope('put_variable').put_variable(col, name, value)
 
   @property
   def variables(self) -> dict[str, Any]:
-    """The variables of this module and its children, ``{collection: {name: value}}``."""
+    """The variables of this module and its children, ``{collection: {name: value}}``.
+
+    >>> Dense(2).bind(variables).variables['params']['kernel'].shape
+    (3, 2)
+    """
     return self._bound_scope('Reading `variables`').variables()
 
   def sow(self, col: str, name: str, value: Any,
