@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import pytest
 
 import linen_ext as nn
-from lift.errors import LiftError
+from lift.errors import InvalidScopeError, LiftError
 from linen_ext import errors
 
 KEY = jax.random.key(0)
@@ -124,3 +124,21 @@ def test_invalid_parent_and_method():
     Mlp(parent=3)
   with pytest.raises(errors.InvalidMethodError, match="method='missing'. is not a method"):
     Mlp().apply({}, X, method='missing')
+
+
+def test_using_a_submodule_after_apply_returned():
+  leaked = []
+
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      dense = nn.Dense(2)
+      leaked.append(dense)
+      return dense(x)
+
+  variables = Model().init(KEY, X)
+  with pytest.raises(InvalidScopeError, match='no longer valid.*already returned'):
+    leaked[0](X)
+  with pytest.raises(InvalidScopeError):
+    _ = leaked[0].variables
+  assert variables['params']['Dense_0']['kernel'].shape == (3, 2)
