@@ -174,7 +174,7 @@ def test_from_flax_inside_vmap_and_scan_matches_flax_transforms():
         y = ensemble()(x).sum(0)
         cell = nn.scan(_cell(nn), variable_broadcast='params', split_rngs={'params': False},
                        in_axes=1, out_axes=1)()
-        carry = (jnp.zeros((2, 4)), jnp.zeros((2, 4)))
+        carry = jnp.zeros((2, 4))
         return cell(carry, y)[1]
     return Model()
 
@@ -185,7 +185,7 @@ def _cell(nn):
   class Cell(nn.Module):
     @nn.compact
     def __call__(self, carry, x):
-      return wrap(nn, flax_nn.LSTMCell(4, name='lstm'))(carry, x)
+      return wrap(nn, flax_nn.SimpleCell(4, name='cell'))(carry, x)
   return Cell
 
 
