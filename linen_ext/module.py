@@ -127,8 +127,9 @@ class Module(VariablesMixin, EntryMixin):
   ...     return Dense(self.features)(relu(Dense(4)(x)))
   >>> variables = Mlp(1).init(jax.random.key(0), jnp.ones((2, 3)))
   """
-  parent: Any
-  name: str | None
+  # Declared for type checkers; every subclass gets them as keyword-only dataclass fields.
+  parent: Any = dataclasses.field(default=UNSPECIFIED, kw_only=True, repr=False, compare=False)
+  name: str | None = dataclasses.field(default=None, kw_only=True)
   scope: Scope | None = None
   _state: ModuleState = UNINITIALIZED
 
