@@ -41,6 +41,7 @@ from linen_ext.direct import (cond, custom_vjp, grad, jvp, switch, value_and_gra
 from linen_ext.transforms import (add_metadata_axis, checkpoint, fold_rngs, jit,
                                   map_variables, remat, remat_scan, scan, shard_map, vmap)
 from lift.scan import broadcast
+from linen_ext.decoding import as_scan
 from lift import _compat
 
 _compat.hide_from_tracebacks(__file__)

@@ -1,0 +1,60 @@
+"""Autoregressive inference from a training-mode model: `as_scan` at module level.
+
+A causal model's `apply` with bound variables is a plain function of its input
+sequence, so `lift.as_scan` derives the one-step form from it. These helpers
+handle the module plumbing: binding the variables, choosing the method, and
+moving the time axis (Flax models usually take `[batch, length, ...]`).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+import lift
+
+
+def _time_first(module: Any, variables: Any, method: Any, time_axis: int,
+                apply_kwargs: dict) -> Callable[[Any], Any]:
+  """`xs -> y` with time on axis 0 of every input and output leaf."""
+  def g(xs):
+    inputs = jax.tree_util.tree_map(lambda x: jnp.moveaxis(x, 0, time_axis), xs)
+    y = module.apply(variables, inputs, method=method, **apply_kwargs)
+    return jax.tree_util.tree_map(lambda v: jnp.moveaxis(v, time_axis, 0), y)
+  return g
+
+
+def _time_first_example(example_xs: Any, time_axis: int) -> Any:
+  def move(x):
+    shape = list(x.shape)
+    shape.insert(0, shape.pop(time_axis))
+    return jax.ShapeDtypeStruct(tuple(shape), x.dtype)
+  return jax.tree_util.tree_map(move, example_xs)
+
+
+def as_scan(module: Any, variables: Any, example_xs: Any, *, method: Any = None,
+            time_axis: int = 0, prefill: Any = None, **apply_kwargs):
+  """The step function of a causal module, derived from its training-mode `apply`.
+
+  ``example_xs`` (arrays or ``jax.ShapeDtypeStruct``) gives the full length;
+  ``time_axis`` says where time is in the module's inputs and outputs. The step
+  takes and returns frames with the time axis removed. Without ``prefill``
+  returns ``(step, carry)``; with a prompt (same layout, shorter time axis)
+  returns ``(step, carry, out_prefill)`` with the step continuing after it.
+
+  >>> step, carry = as_scan(model, variables, jnp.zeros((1, 16), jnp.int32), time_axis=1)
+  >>> carry, logits = step(carry, jnp.zeros((1,), jnp.int32))  # doctest: +SKIP
+
+  Not for models that look ahead in time (bidirectional attention, 'SAME'
+  convolutions): those raise `lift.ScanConversionError` naming the operation.
+  """
+  g = _time_first(module, variables, method, time_axis, apply_kwargs)
+  example = _time_first_example(example_xs, time_axis)
+  if prefill is None:
+    return lift.as_scan(g, example)
+  prompt = jax.tree_util.tree_map(lambda x: jnp.moveaxis(x, time_axis, 0), prefill)
+  step, carry, out_prefill = lift.as_scan_with_prefill(g, example, prompt)
+  out_prefill = jax.tree_util.tree_map(lambda v: jnp.moveaxis(v, 0, time_axis), out_prefill)
+  return step, carry, out_prefill
