@@ -143,7 +143,10 @@ def test_nested_keeps_outer_carries_only():
   init, xs = inputs(12)
   final = lambda i, x: jnp.sum(loops.run_scan(body, i, x, remat="nested")[0])
   shapes = residual_shapes(final, init, xs)
-  assert (3, CARRY) in shapes and (12, CARRY) not in shapes
+  # Entries of blocks 1.. in a buffer sized for the backward pass, and init itself.
+  saved = loops.plan_blocks(12, True).saved_carries
+  assert sorted(shapes) == sorted([(CARRY,), (saved, CARRY), (12, FEATURES)])
+  assert saved == 4
 
 
 @pytest.mark.parametrize("steps,remat", [(13, "nested"), (13, ScanCheckpointPolicy(nested=5)),
@@ -153,18 +156,41 @@ def test_nested_saves_fewer_carries_for_any_length(steps, remat):
   init, xs = inputs(steps)
   final = lambda i, x: jnp.sum(loops.run_scan(body, i, x, remat=remat)[0])
   rows = carry_rows(residual_shapes(final, init, xs), steps)
-  assert rows <= 3 * math.isqrt(steps) + 3 if remat == "nested" else rows < steps
+  assert rows <= math.isqrt(2 * steps) + 2 if remat == "nested" else rows < steps
 
 
-def test_plan_blocks_covers_every_step_with_sqrt_carries():
+def check_plan(plan, steps):
+  assert sum(plan.lengths) == steps and min(plan.lengths) >= 1
+  # Block j's recomputes run while block j+1 is pulled back, one per pull.
+  assert all(a <= b + 1 for a, b in zip(plan.lengths, plan.lengths[1:]))
+  assert plan.saved_carries == plan.slots - 1
+
+
+def test_plan_blocks_covers_every_step_with_sqrt_2n_carries():
   for steps in range(1, 300):
     plan = loops.plan_blocks(steps, True)
-    assert plan.blocks * plan.block_length + plan.remainder == steps
-    assert plan.remainder < plan.blocks
-    assert plan.saved_carries <= 3 * math.sqrt(steps) + 1
-  assert loops.plan_blocks(13, True) == loops.BlockPlan(3, 4, 1)
-  assert loops.plan_blocks(12, True) == loops.BlockPlan(3, 4, 0)
-  assert loops.plan_blocks(13, 5) == loops.BlockPlan(5, 2, 3)
+    check_plan(plan, steps)
+    # The fewest slots one recomputation allows: M(M+1)/2 >= N.
+    assert plan.slots * (plan.slots + 1) // 2 >= steps > (plan.slots - 1) * plan.slots // 2
+    for blocks in {1, 2, 3, plan.blocks + 1, steps} & set(range(1, steps + 1)):
+      check_plan(loops.plan_blocks(steps, blocks), steps)
+      assert loops.plan_blocks(steps, blocks).blocks == blocks
+  assert loops.plan_blocks(13, True) == loops.BlockPlan((3, 4, 3, 2, 1))
+  assert loops.plan_blocks(64, True).saved_carries == 10
+  assert loops.plan_blocks(12, 3) == loops.BlockPlan((5, 4, 3))
+  assert loops.plan_blocks(13, 1) == loops.BlockPlan((13,))
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3, 6, 11, 22])
+def test_nested_gradients_for_every_block_count(steps):
+  init, xs = inputs(steps)
+  grad = jax.jit(jax.grad(loss, (0, 1)), static_argnums=(2, 3))
+  for reverse in (False, True):
+    want = grad(init, xs, False, reverse)
+    for blocks in sorted({1, 2, 3, steps // 2 + 1, steps} & set(range(1, steps + 1))):
+      got = grad(init, xs, ScanCheckpointPolicy(nested=blocks), reverse)
+      for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"{blocks} {reverse}")
 
 
 def test_offload_falls_back_to_device_on_cpu():
@@ -183,7 +209,7 @@ def test_offload_policy_places_roots_in_host_memory(monkeypatch):
   final = lambda i, x: jnp.sum(loops.run_scan(body, i, x, remat=remat)[0])
   _, vjp = jax.vjp(final, init, xs)
   kinds = {leaf.shape: leaf.sharding.memory_kind for leaf in jax.tree.leaves(vjp)}
-  assert kinds[(3, CARRY)] == "pinned_host"
+  assert kinds[(loops.plan_blocks(12, True).blocks - 1, CARRY)] == "pinned_host"
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     got = jax.grad(final)(init, xs)

@@ -1,12 +1,16 @@
-"""Nested remat: N steps as b blocks of k steps plus r remaining steps, with a hand-written backward pass.
+"""Nested remat: only the carries entering N steps' outer blocks are kept; hand-written backward.
 
-With N = b*k + r (0 <= r < b), the forward pass keeps only the carry entering
-each block (and the remainder). The backward pass visits the blocks in
-reverse loop order; for each it recomputes and keeps the k carries entering
-its steps (pass 1), then differentiates its steps one at a time from those
-carries (pass 2), writing each step's input cotangent into its row of the
-`xs` cotangent. Saved carries: at most b + k + r, minimised over b when the
-engine chooses (`nested=True`): at most 3*sqrt(N) + 1 for every N.
+The forward pass keeps the carry entering each block. The backward pass
+differentiates the steps one at a time in reverse loop order (a pull), each
+from the carry entering it, and writes each step's input cotangent into its
+row of the `xs` cotangent. The carries of block j-1 are recomputed from its
+entry while block j is pulled back, each into the slot the previous pull freed.
+
+Block j is pulled back holding j + k_j carries (the entries of the blocks
+before it, its own k_j), so blocks get shorter along the loop (k_j = M - j):
+M carries cover M(M+1)/2 steps, about sqrt(2N), where equal blocks need
+2*sqrt(N). Block 0's entry is `init`, read where the caller keeps it, so
+M - 1 carries are copied: `BlockPlan.saved_carries`.
 
 Steps read `xs` by index instead of slicing it into blocks: a block-sized
 slice of `xs` (for a layer stack, k layers of parameters) and its cotangent
@@ -32,39 +36,154 @@ from lift.loops import _messages
 
 
 class BlockPlan(NamedTuple):
-  """How a nested loop splits its steps: `blocks * block_length + remainder`."""
-  blocks: int
-  block_length: int
-  remainder: int
+  """How a nested loop splits its steps: the length of each outer block, in loop order.
+
+  `plan_blocks` keeps k_{j-1} <= k_j + 1: the backward pass recomputes one
+  carry of block j-1 per step of block j it pulls back.
+  """
+  lengths: tuple[int, ...]
+
+  @property
+  def blocks(self) -> int:
+    return len(self.lengths)
+
+  @property
+  def slots(self) -> int:
+    """Carries live at once: block j needs the j earlier entries and its own k_j carries."""
+    return max(j + length for j, length in enumerate(self.lengths))
 
   @property
   def saved_carries(self) -> int:
-    """Upper bound on the carries kept at once during the backward pass."""
-    return self.blocks + self.block_length + self.remainder
+    """Carries copied and kept at once: all live ones but `init`, block 0's entry."""
+    return self.slots - 1
 
 
 def _plan(length: int, blocks: int) -> BlockPlan:
-  return BlockPlan(blocks, length // blocks, length % blocks)
+  """`blocks` blocks of lengths M, M-1, .. (M as small as possible), cut to `length` steps."""
+  slots = max(blocks, -(-(length + blocks * (blocks - 1) // 2) // blocks))
+  lengths = [slots - j for j in range(blocks)]
+  excess = sum(lengths) - length
+  for j, block in enumerate(lengths):
+    cut = min(excess, block - 1)
+    lengths[j], excess = block - cut, excess - cut
+  return BlockPlan(tuple(lengths))
 
 
 def plan_blocks(length: int, nested: bool | int) -> BlockPlan:
-  """Splits `length` steps into outer blocks.
+  """Splits `length` steps into outer blocks of decreasing length.
 
-  `nested=True` picks the block count b minimising (b + N // b + N % b, N % b,
-  b): the fewest saved carries, then no remainder, then fewer blocks. An int
-  is the block count; it need not divide N, but may not exceed it.
+  `nested=True` picks the block count with the fewest saved carries (M with
+  M(M+1)/2 >= N, about sqrt(2N)), then the most blocks (the fewest recomputed
+  steps). An int is the block count; it may not exceed `length`.
 
   >>> plan_blocks(13, True)
-  BlockPlan(blocks=3, block_length=4, remainder=1)
+  BlockPlan(lengths=(3, 4, 3, 2, 1))
+  >>> plan_blocks(13, True).saved_carries
+  4
   """
   if nested is True:
-    # Beyond 3*sqrt(N) blocks the block count alone exceeds the bound at sqrt(N).
-    most = min(length, 3 * math.isqrt(length) + 4)
-    candidates = [_plan(length, blocks) for blocks in range(1, most + 1)]
-    return min(candidates, key=lambda plan: (plan.saved_carries, plan.remainder, plan.blocks))
+    candidates = [_plan(length, blocks)
+                  for blocks in range(1, min(length, math.isqrt(2 * length) + 2) + 1)]
+    return min(candidates, key=lambda plan: (plan.slots, -plan.blocks))
   if nested > length:
     raise RematPolicyError(_messages.NESTED_TOO_MANY.format(blocks=nested, length=length))
   return _plan(length, nested)
+
+
+class Recompute(NamedTuple):
+  """Runs loop-order step `step` from logical slot `src` into slot `dst`; if not `active`, copies.
+
+  Logical slot 0 is `init`, which has no row; slot s is row s-1 of the buffer.
+  In a `Schedule` the fields are arrays, `step` a position in `xs`, `dst` a row.
+  """
+  active: bool
+  step: int
+  src: int
+  dst: int
+
+
+class Iteration(NamedTuple):
+  """One backward iteration: a recompute or copy into a free slot, then a pull of a step."""
+  recompute: Recompute
+  pull_step: int
+  pull_src: int
+
+
+def _prologue(plan: BlockPlan, starts: list[int], slot: dict[int, int]) -> list[Recompute]:
+  """The carries of the last block, recomputed into the free slots before any pull."""
+  last, ops = plan.blocks - 1, []
+  for i, free in enumerate(range(plan.blocks, plan.blocks + plan.lengths[last] - 1)):
+    step = starts[last] + i
+    slot[step + 1] = free
+    ops.append(Recompute(True, step, slot[step], free))
+  return ops
+
+
+def _iterations(plan: BlockPlan, starts: list[int], slot: dict[int, int]) -> list[Iteration]:
+  """Pulls in reverse loop order, each after the recompute that the pull before it made room for.
+
+  Block j-1's carries are recomputed while block j is pulled back, each into
+  the slot the previous pull freed (`BlockPlan` keeps k_{j-1} - 1 <= k_j). An
+  idle iteration copies the freed slot onto itself, except before the pull of
+  step 0, which starts from `init`: there `init` is copied to a free slot, so
+  that pulls read rows only.
+  """
+  ops, recompute = [], Recompute(False, 0, 1, 1)
+  for j in reversed(range(plan.blocks)):
+    pending = iter(range(starts[j - 1], starts[j] - 1) if j else ())
+    for step in reversed(range(starts[j], starts[j] + plan.lengths[j])):
+      if not slot[step]:
+        recompute = Recompute(False, 0, 0, recompute.dst)
+        slot[step] = recompute.dst
+      ops.append(Iteration(recompute, step, slot[step]))
+      todo = next(pending, None)
+      recompute = Recompute(False, 0, slot[step], slot[step])
+      if todo is not None:
+        recompute = Recompute(True, todo, slot[todo], slot[step])
+        slot[todo + 1] = slot[step]
+  return ops
+
+
+class Schedule(NamedTuple):
+  """Static index arrays of a nested loop, steps as positions in `xs` and slots as rows.
+
+  `write[t]` is the row that forward step t writes its entry carry to. The
+  backward pass runs the `prologue`, then one `Iteration` per row of the
+  `iterations` arrays (`Recompute.src` stays a logical slot: it may be `init`).
+  """
+  write: np.ndarray
+  prologue: Recompute
+  recompute: Recompute
+  pull_t: np.ndarray
+  pull_src: np.ndarray
+
+
+def schedule(plan: BlockPlan, reverse: bool) -> Schedule:
+  """The forward writes and backward operations of `plan` (see `Schedule`).
+
+  A forward step that does not enter block j writes slot j+1: the next block's
+  entry overwrites it, and after the last block it is a free slot. Slot 0,
+  `init`, has no row, so block 0's first step writes slot 1 too.
+  """
+  steps = sum(plan.lengths)
+  position = lambda order: np.asarray(
+      [steps - 1 - e if reverse else e for e in order], np.int32).reshape(-1)
+  index = lambda column: np.asarray(column, np.int32).reshape(-1)
+  row = lambda column: index(column) - 1
+
+  def arrays(ops: list[Recompute]) -> Recompute:
+    active, step, src, dst = zip(*ops) if ops else ((),) * 4
+    return Recompute(np.asarray(active, bool), position(step), index(src), row(dst))
+
+  starts = np.cumsum((0,) + plan.lengths[:-1]).tolist()
+  slot = {start: j for j, start in enumerate(starts)}
+  prologue, iterations = _prologue(plan, starts, slot), _iterations(plan, starts, slot)
+  write = np.concatenate([[max(j, 1)] + [j + 1] * (length - 1)
+                          for j, length in enumerate(plan.lengths)])
+  return Schedule(row(write[::-1] if reverse else write), arrays(prologue),
+                  arrays([op.recompute for op in iterations]),
+                  position([op.pull_step for op in iterations]),
+                  row([op.pull_src for op in iterations]))
 
 
 class Loop(NamedTuple):
@@ -78,6 +197,11 @@ class Loop(NamedTuple):
 
 def _take(tree: Any, t: jax.Array) -> Any:
   return jax.tree.map(lambda leaf: lax.dynamic_index_in_dim(leaf, t, keepdims=False), tree)
+
+
+def _put(tree: Any, rows: Any, t: jax.Array) -> Any:
+  return jax.tree.map(lambda leaf, row: lax.dynamic_update_index_in_dim(leaf, row, t, 0),
+                      tree, rows)
 
 
 def _differentiable(leaf: Any) -> bool:
@@ -109,63 +233,33 @@ def _nonzero_cotangents(tree: Any) -> list[Any]:
   return [leaf for leaf in jax.tree.leaves(tree) if leaf.dtype != jax.dtypes.float0]
 
 
-def _steps(start: jax.Array | int, length: int) -> jax.Array:
-  return start + jnp.arange(length, dtype=jnp.int32)
+def _read(slots: Any, init: Any, slot: jax.Array) -> Any:
+  """The carry in logical slot `slot` (see `Schedule`); `init` is the caller's, never copied."""
+  row = jnp.maximum(slot - 1, 0)
+  return jax.tree.map(
+      lambda rows, first: jnp.where(slot == 0, first,
+                                    lax.dynamic_index_in_dim(rows, row, keepdims=False)),
+      slots, init)
 
 
-def _run_steps(loop: Loop, consts: list, xs: Any, carry: Any, start, length: int, *,
-               keep_carries: bool = False):
-  """Steps start..start+length-1 in loop order: (carry out, carries in or None, ys)."""
-  def one(c, t):
-    new, y = loop.body(c, _take(xs, t), *consts)
-    return new, (c if keep_carries else None, y)
-  carry, (carries, ys) = lax.scan(one, carry, _steps(start, length),
-                                  reverse=loop.reverse, unroll=loop.unroll)
-  return carry, carries, ys
+def _empty_slots(init: Any, count: int) -> Any:
+  return jax.tree.map(lambda leaf: jnp.zeros((count,) + jnp.shape(leaf), jnp.result_type(leaf)),
+                      init)
 
 
-class Entries(NamedTuple):
-  """The carries entering the blocks (stacked) and the remainder."""
-  blocks: Any
-  rest: Any
+def forward(loop: Loop, consts: list, xs: Any, init: Any, write: np.ndarray):
+  """Runs the loop, writing block entries into their rows (`Schedule`): (carry, ys, slots)."""
+  def one(state, inputs):
+    carry, slots = state
+    t, slot = inputs
+    new, y = loop.body(carry, _take(xs, t), *consts)
+    return (new, _put(slots, carry, slot)), y
 
-
-class Forward(NamedTuple):
-  """The loop's result and the carries that its backward pass starts from."""
-  carry: Any
-  ys: Any
-  entries: Entries
-
-
-def _run_blocks(loop: Loop, consts: list, xs: Any, carry: Any):
-  plan = loop.plan
-
-  def block(c, j):
-    out, _, ys = _run_steps(loop, consts, xs, c, j * plan.block_length, plan.block_length)
-    return out, (c, ys)
-
-  carry, (entries, ys) = lax.scan(block, carry, jnp.arange(plan.blocks, dtype=jnp.int32),
-                                  reverse=loop.reverse)
-  steps = plan.blocks * plan.block_length
-  return carry, entries, jax.tree.map(lambda y: y.reshape((steps,) + y.shape[2:]), ys)
-
-
-def forward(loop: Loop, consts: list, xs: Any, init: Any) -> Forward:
-  """Runs the loop, keeping only the carries that enter blocks and the remainder."""
-  plan = loop.plan
-  if not plan.remainder:
-    carry, entries, ys = _run_blocks(loop, consts, xs, init)
-    return Forward(carry, ys, Entries(entries, init))
-  rest_start = plan.blocks * plan.block_length
-  run_rest = lambda c: _run_steps(loop, consts, xs, c, rest_start, plan.remainder)
-  if loop.reverse:
-    rest_entry, (carry, _, rest_ys) = init, run_rest(init)
-    carry, entries, block_ys = _run_blocks(loop, consts, xs, carry)
-  else:
-    carry, entries, block_ys = _run_blocks(loop, consts, xs, init)
-    rest_entry, (carry, _, rest_ys) = carry, run_rest(carry)
-  ys = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), block_ys, rest_ys)
-  return Forward(carry, ys, Entries(entries, rest_entry))
+  steps = jnp.arange(len(write), dtype=jnp.int32)
+  slots = _empty_slots(init, max(loop.plan.saved_carries, 1))
+  (carry, slots), ys = lax.scan(one, (init, slots), (steps, jnp.asarray(write)),
+                                reverse=loop.reverse, unroll=loop.unroll)
+  return carry, ys, slots
 
 
 class Cotangents(NamedTuple):
@@ -175,10 +269,18 @@ class Cotangents(NamedTuple):
   consts: list[Any]
 
 
-def _step_backward(loop: Loop, consts: list, xs: Any, ct_ys: list, cts: Cotangents,
-                   carry: Any, t: jax.Array) -> Cotangents:
-  """Pulls the cotangents back through step t, started from `carry`."""
-  x = _take(xs, t)
+def _run_step(loop: Loop, consts: list, xs: Any, slots: Any, init: Any, t: jax.Array,
+              src: jax.Array) -> Any:
+  return loop.body(_read(slots, init, src), _take(xs, t), *consts)[0]
+
+
+def _pull(loop: Loop, consts: list, xs: Any, ct_ys: list, slots: Any, cts: Cotangents,
+          t: jax.Array, src: jax.Array) -> Cotangents:
+  """Cotangents of step t's (carry, x, consts), started from the carry in row `src`.
+
+  The `xs` field holds the step's rows, not the whole cotangent of `xs`.
+  """
+  carry, x = _take(slots, src), _take(xs, t)
 
   def diff_step(diff_carry, diff_x, diff_consts):
     new, y = loop.body(_with_diff_leaves(carry, diff_carry), _with_diff_leaves(x, diff_x),
@@ -186,52 +288,46 @@ def _step_backward(loop: Loop, consts: list, xs: Any, ct_ys: list, cts: Cotangen
     return _diff_leaves(new), _diff_leaves(y)
 
   _, pull = jax.vjp(diff_step, _diff_leaves(carry), _diff_leaves(x), consts)
-  ct_carry, ct_x, ct_consts = pull((cts.carry, _take(ct_ys, t)))
-  ct_xs = [lax.dynamic_update_index_in_dim(buf, row, t, 0) for buf, row in zip(cts.xs, ct_x)]
-  return Cotangents(ct_carry, ct_xs, [a + b for a, b in zip(cts.consts, ct_consts)])
+  return Cotangents(*pull((cts.carry, _take(ct_ys, t))))
 
 
-def _segment_backward(loop: Loop, consts: list, xs: Any, ct_ys: list, cts: Cotangents,
-                      entry: Any, start, length: int) -> Cotangents:
-  """Recomputes the carries of steps start..start+length-1 (pass 1), then pulls back (pass 2)."""
-  _, carries, _ = _run_steps(loop, consts, xs, entry, start, length, keep_carries=True)
+def _iteration(loop: Loop, consts: list, xs: Any, ct_ys: list, init: Any, state,
+               ops: tuple[Recompute, jax.Array, jax.Array]):
+  """A recompute or a copy into a free row, then a pull (see `Iteration`).
 
-  def back(state, inputs):
-    return _step_backward(loop, consts, xs, ct_ys, state, *inputs), None
-
-  cts, _ = lax.scan(back, cts, (carries, _steps(start, length)), reverse=not loop.reverse)
-  return cts
-
-
-def _blocks_backward(loop: Loop, consts: list, xs: Any, ct_ys: list, cts: Cotangents,
-                     entries: Any) -> Cotangents:
-  plan = loop.plan
-
-  def back(state, inputs):
-    entry, j = inputs
-    entry = _to_device(entry) if loop.offload_carries else entry
-    return _segment_backward(loop, consts, xs, ct_ys, state, entry,
-                             j * plan.block_length, plan.block_length), None
-
-  blocks = jnp.arange(plan.blocks, dtype=jnp.int32)
-  cts, _ = lax.scan(back, cts, (entries, blocks), reverse=not loop.reverse)
-  return cts
+  Only the recompute is conditional: a `cond` around the pull would keep the
+  incoming carry cotangent alive through the whole pull. Writing the row
+  before the pull orders it after the previous pull's reads, so it is in
+  place; a pull reading `init` directly would materialise a select instead.
+  """
+  slots, cts = state
+  recompute, pull_t, pull_src = ops
+  new = lax.cond(recompute.active,
+                 lambda: _run_step(loop, consts, xs, slots, init, recompute.step, recompute.src),
+                 lambda: _read(slots, init, recompute.src))
+  slots = _put(slots, new, recompute.dst)
+  step = _pull(loop, consts, xs, ct_ys, slots, cts, pull_t, pull_src)
+  cts = Cotangents(step.carry, [lax.dynamic_update_index_in_dim(buf, row, pull_t, 0)
+                                for buf, row in zip(cts.xs, step.xs)],
+                   [a + b for a, b in zip(cts.consts, step.consts)])
+  return (slots, cts), None
 
 
-def backward(loop: Loop, consts: list, xs: Any, entries: Entries, ct_carry: Any,
+def backward(loop: Loop, consts: list, xs: Any, init: Any, slots: Any, ct_carry: Any,
              ct_ys: Any) -> Cotangents:
   """Cotangents of (consts, init, xs) from those of (carry, ys), in reverse loop order."""
   cts = Cotangents(_nonzero_cotangents(ct_carry),
                    [jnp.zeros_like(leaf) for leaf in _diff_leaves(xs)],
                    [jnp.zeros_like(const) for const in consts])
-  ct_ys = _nonzero_cotangents(ct_ys)
-  plan = loop.plan
-  rest = lambda state: _segment_backward(loop, consts, xs, ct_ys, state, entries.rest,
-                                         plan.blocks * plan.block_length, plan.remainder)
-  if plan.remainder and not loop.reverse:
-    cts = rest(cts)
-  cts = _blocks_backward(loop, consts, xs, ct_ys, cts, entries.blocks)
-  return rest(cts) if plan.remainder and loop.reverse else cts
+  plan = schedule(loop.plan, loop.reverse)
+  if len(plan.prologue.step):
+    def recompute(slots, op: Recompute):
+      return _put(slots, _run_step(loop, consts, xs, slots, init, op.step, op.src), op.dst), None
+    slots, _ = lax.scan(recompute, slots, plan.prologue)
+  iteration = functools.partial(_iteration, loop, consts, xs, _nonzero_cotangents(ct_ys), init)
+  (_, cts), _ = lax.scan(iteration, (slots, cts),
+                         (plan.recompute, plan.pull_t, plan.pull_src), unroll=loop.unroll)
+  return cts
 
 
 def _to_host(tree: Any) -> Any:
@@ -244,24 +340,26 @@ def _to_device(tree: Any) -> Any:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _nested(loop: Loop, consts: list, init: Any, xs: Any) -> tuple[Any, Any]:
-  fwd = forward(loop, consts, xs, init)
-  return fwd.carry, fwd.ys
+  one = lambda carry, t: loop.body(carry, _take(xs, t), *consts)
+  steps = jnp.arange(sum(loop.plan.lengths), dtype=jnp.int32)
+  return lax.scan(one, init, steps, reverse=loop.reverse, unroll=loop.unroll)
 
 
 def _nested_fwd(loop: Loop, consts: list, init: Any, xs: Any):
-  fwd = forward(loop, consts, xs, init)
-  entries = fwd.entries
+  carry, ys, slots = forward(loop, consts, xs, init, schedule(loop.plan, loop.reverse).write)
   if loop.offload_carries:
-    entries = entries._replace(blocks=_to_host(entries.blocks))
-  return (fwd.carry, fwd.ys), (consts, xs, entries)
+    slots = _to_host(jax.tree.map(lambda s: s[:loop.plan.blocks - 1], slots))
+  return (carry, ys), (consts, xs, init, slots)
 
 
 def _nested_bwd(loop: Loop, residuals, cts):
-  consts, xs, entries = residuals
+  consts, xs, init, slots = residuals
+  if loop.offload_carries:
+    free = _empty_slots(init, max(loop.plan.saved_carries, 1) - loop.plan.blocks + 1)
+    slots = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), _to_device(slots), free)
   ct_carry, ct_ys = cts
-  out = backward(loop, consts, xs, entries, ct_carry, ct_ys)
-  # The remainder's entry carry has the types of `init`.
-  return out.consts, _cotangent_like(entries.rest, out.carry), _cotangent_like(xs, out.xs)
+  out = backward(loop, consts, xs, init, slots, ct_carry, ct_ys)
+  return out.consts, _cotangent_like(init, out.carry), _cotangent_like(xs, out.xs)
 
 
 _nested.defvjp(_nested_fwd, _nested_bwd)
