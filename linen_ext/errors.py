@@ -208,3 +208,13 @@ class UnhashableModuleError(ModuleError, TypeError):
         'field values (tuples instead of lists, a frozen dataclass or '
         'FrozenDict instead of a dict, no arrays: pass arrays as call '
         'arguments or create them as variables).')
+
+
+class LayerStackError(ModuleError, ValueError):
+  """A layer stack (`Stacked`, `BlockSeq`, `scan_layers`, layout conversion) got
+  arguments or variables it cannot use; the message says which and the fix."""
+
+
+class LayerMismatchError(LayerStackError):
+  """Layers run as one loop (`scan_layers`) or stacked (`layers_to_stacked`)
+  differ in their variables (names, shapes, dtypes) or in their code (class, fields)."""

@@ -1,10 +1,10 @@
 """Memory and time of each loop checkpoint policy on a stack of pre-LN Transformer blocks.
 
-The blocks are plain JAX over a stacked params dict (every leaf has a leading
-layer axis), run by `lift.loops.scan`. For each policy and depth the script
-reports the compiled temporary memory of the `value_and_grad` training step
-(`memory_analysis().temp_size_in_bytes`) and its median wall time, prints a
-table and writes a plot.
+The blocks (`_transformer.block`) are plain JAX over a stacked params dict
+(every leaf has a leading layer axis), run by `lift.loops.scan`. For each
+policy and depth the script reports the compiled temporary memory of the
+`value_and_grad` training step (`memory_analysis().temp_size_in_bytes`) and
+its median wall time, prints a table and writes a plot.
 
     python examples/benchmarks/remat_memory.py            # d_model 256, batch 8
     python examples/benchmarks/remat_memory.py --quick    # batch 2, one timing run
@@ -18,16 +18,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from _transformer import Config, block, init_params
 
 from lift import loops
-
-
-class Config(NamedTuple):
-  d_model: int = 256
-  heads: int = 4
-  mlp: int = 1024
-  seq: int = 128
-  batch: int = 8
 
 
 POLICIES = {
@@ -36,43 +29,6 @@ POLICIES = {
     "save attn": loops.ScanCheckpointPolicy(save_block_internals=["attn"]),
     "nested": "nested",
 }
-
-
-def init_params(key: jax.Array, depth: int, cfg: Config) -> dict[str, jax.Array]:
-  """Stacked parameters of `depth` blocks: every leaf has shape (depth, ...)."""
-  keys = jax.random.split(key, 4)
-  normal = lambda k, shape, fan_in: jax.random.normal(k, (depth,) + shape) / fan_in ** 0.5
-  d = cfg.d_model
-  return {
-      "ln1": jnp.ones((depth, d)), "ln2": jnp.ones((depth, d)),
-      "qkv": normal(keys[0], (d, 3 * d), d), "out": normal(keys[1], (d, d), d),
-      "up": normal(keys[2], (d, cfg.mlp), d), "down": normal(keys[3], (cfg.mlp, d), cfg.mlp),
-  }
-
-
-def layer_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
-  mean = jnp.mean(x, axis=-1, keepdims=True)
-  var = jnp.var(x, axis=-1, keepdims=True)
-  return (x - mean) * jax.lax.rsqrt(var + 1e-6) * scale
-
-
-def attention(params: dict[str, jax.Array], x: jax.Array, heads: int) -> jax.Array:
-  batch, seq, d = x.shape
-  q, k, v = jnp.split(x @ params["qkv"], 3, axis=-1)
-  split = lambda t: t.reshape(batch, seq, heads, d // heads)
-  logits = jnp.einsum("bqhd,bkhd->bhqk", split(q), split(k)) / (d // heads) ** 0.5
-  causal = jnp.tril(jnp.ones((seq, seq), bool))
-  weights = jax.nn.softmax(jnp.where(causal, logits, -1e9), axis=-1)
-  mixed = jnp.einsum("bhqk,bkhd->bqhd", weights, split(v)).reshape(batch, seq, d)
-  return mixed @ params["out"]
-
-
-def block(x: jax.Array, params: dict[str, jax.Array], heads: int) -> jax.Array:
-  """One pre-LN Transformer block; its attention output is named 'attn'."""
-  attn = loops.checkpoint_name(attention(params, layer_norm(x, params["ln1"]), heads), "attn")
-  x = x + attn
-  hidden = jax.nn.gelu(layer_norm(x, params["ln2"]) @ params["up"])
-  return x + hidden @ params["down"]
 
 
 def train_step(remat, heads: int):

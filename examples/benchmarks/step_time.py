@@ -1,0 +1,94 @@
+"""Steady-state time of a Transformer training step, by how its layers are looped.
+
+The variants of `compile_time.py` (unrolled linen_ext loop, `nn.Stacked`,
+`nn.scan_layers`, `nn.scan`, `flax.linen.scan`, hand-written `lax.scan`), all on
+the same parameters converted between layouts. Each jitted
+`value_and_grad(loss)` is compiled and checked against the hand-written one
+(loss and gradients), then the variants take turns: every round times one
+step of each, in a rotating order, so that load from other processes hits
+them alike. Prints the median step time and its ratio to `lax.scan`.
+
+    python examples/benchmarks/step_time.py                     # depth 16, 7 rounds
+    python examples/benchmarks/step_time.py --depths 16 64 --rounds 5
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import numpy as np
+from _transformer import Config, init_params, variants
+
+import linen_ext as nn
+
+
+def max_grad_difference(grads, reference, name: str) -> float:
+  """Largest absolute difference to the hand-written gradients, in their stacked layout."""
+  if name in ("unrolled", "scan_layers"):
+    grads = nn.layers_to_stacked(grads)
+  elif name != "lax.scan":
+    grads = {"params": grads["params"]["layers"]}
+  diffs = jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), grads, reference)
+  return max(jax.tree.leaves(diffs))
+
+
+def compiled_steps(depth: int, names: list[str], cfg: Config):
+  """For each variant: the compiled step and its parameters; checks values against lax.scan."""
+  stacked = init_params(jax.random.key(0), depth, cfg)
+  x = jax.random.normal(jax.random.key(1), (cfg.batch, cfg.seq, cfg.d_model))
+  steps, reference = {}, None
+  for name in ["lax.scan"] + [n for n in names if n != "lax.scan"]:
+    variant = variants(depth, cfg)[name]
+    params = variant.params(stacked)
+    step = jax.jit(jax.value_and_grad(variant.loss)).trace(params, x).lower().compile()
+    loss, grads = step(params, x)
+    if reference is None:
+      reference = (loss, grads)
+    difference = max_grad_difference(grads, reference[1], name)
+    print(f"  {name:<16} loss {float(loss):.6f} (lax.scan {float(reference[0]):.6f}), "
+          f"max |grad - lax.scan grad| {difference:.1e}", flush=True)
+    steps[name] = (step, params)
+  return steps, x
+
+
+def time_rounds(steps: dict, x, rounds: int) -> dict[str, list[float]]:
+  names = list(steps)
+  seconds: dict[str, list[float]] = {name: [] for name in names}
+  for name in names:  # one untimed run each
+    jax.block_until_ready(steps[name][0](steps[name][1], x))
+  for r in range(rounds):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      step, params = steps[name]
+      start = time.perf_counter()
+      jax.block_until_ready(step(params, x))
+      seconds[name].append(time.perf_counter() - start)
+  return seconds
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--depths", type=int, nargs="+", default=[16])
+  parser.add_argument("--variants", nargs="+", default=None,
+                      help="subset of: " + ", ".join(variants(1, Config())))
+  parser.add_argument("--rounds", type=int, default=7, help="timed steps per variant")
+  args = parser.parse_args()
+  cfg = Config()
+  names = args.variants or list(variants(1, cfg))
+  print(f"{cfg}, backend {jax.default_backend()}, jax {jax.__version__}, "
+        f"median of {args.rounds} interleaved steps")
+  for depth in args.depths:
+    print(f"depth {depth}: compiling and checking")
+    steps, x = compiled_steps(depth, names, cfg)
+    seconds = time_rounds({n: steps[n] for n in names if n in steps}, x, args.rounds)
+    reference = statistics.median(seconds["lax.scan"]) if "lax.scan" in seconds else None
+    print(f"{'variant':<16} {'depth':>5} {'median s':>9} {'min s':>7} {'/ lax.scan':>10}")
+    for name, times in seconds.items():
+      med = statistics.median(times)
+      ratio = f"{med / reference:>10.3f}" if reference else ""
+      print(f"{name:<16} {depth:>5} {med:>9.3f} {min(times):>7.3f} {ratio}", flush=True)
+
+
+if __name__ == "__main__":
+  main()

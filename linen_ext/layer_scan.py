@@ -1,0 +1,202 @@
+"""`scan_layers`: a Python list of equal submodules run as one compiled loop.
+
+``scan_layers(self.layers, x)`` replaces ``for layer in self.layers: x =
+layer(x)`` where ``self.layers = [Block() for _ in range(n)]`` (variables at
+``layers_0``, ``layers_1``, ...). It is a client of `lift.pack` over the
+layers' scopes:
+
+1. the layers are checked to match (variables: names, shapes, dtypes; code:
+   class and fields), and their variables are stacked along a new axis 0;
+2. the rng draws of one layer are recorded by tracing it once abstractly
+   (``jax.eval_shape``), and their hashes are computed on the host for every
+   layer at its own path and counters (as `lift.jit` does), so each layer
+   draws exactly the keys it draws in the Python loop;
+3. `lift.loops.run_scan` runs layer 0's code once per layer: each step
+   rebuilds layer 0 on a scope holding that layer's slice of the variables
+   and its hashes, and returns what the layer created or updated;
+4. each layer's slice of those outputs is committed to its own scope.
+
+Under ``init`` the layers run one after another instead (the Python loop):
+their variables do not exist yet, and this gives exactly the loop's values
+and rng draws, wrapped flax layers included. Gradients reach each layer's own
+variables through the stacking.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from lift import loops
+from lift._counters import advance, zeroed
+from lift._jit_rngs import Tape, draw_hashes, has_tape_streams, tape_streams
+from lift.pack import pack
+from lift.rng import RngCounters
+
+from linen_ext import errors
+from linen_ext.module import Module
+from linen_ext.stack_layout import (LayerArgs, check_rows, check_same_code,
+                                    check_same_variables, row, split_layer_args,
+                                    stack_trees)
+from linen_ext.stacks import check_remat
+
+_NOT_LAYERS = (
+    'scan_layers: layers={value!r:.80} is not a non-empty list of bound modules '
+    '({reason}). Fix: define them in setup, self.layers = [Block() for _ in '
+    'range(n)], and call scan_layers(self.layers, x) from a method of that module.')
+_SHARED_LAYER = (
+    'scan_layers: layers {first} and {second} are the same module (at {path}), '
+    'so they share variables. scan_layers stacks the variables of distinct '
+    'layers. Fix: call the shared module in a Python loop, or create one '
+    'module per layer.')
+_DRAWS_UNDER_JIT = (
+    'scan_layers: the layers draw rng keys ({streams}) inside nn.jit/lift.jit, '
+    'whose streams only know their path when the jitted function runs, so the '
+    'per-layer keys cannot be computed. Fix: jit the whole step with jax.jit '
+    'instead (outside init/apply), or call scan_layers outside nn.jit.')
+
+
+def _check_layers(layers: Any) -> tuple[Module, ...]:
+  if not isinstance(layers, Sequence) or not layers:
+    raise errors.LayerStackError(_NOT_LAYERS.format(value=layers, reason='empty or not a list'))
+  for layer in layers:
+    if not isinstance(layer, Module) or layer.scope is None:
+      raise errors.LayerStackError(_NOT_LAYERS.format(
+          value=layers, reason=f'{layer!r:.40} is not a bound Module'))
+  seen: dict[Any, int] = {}
+  for i, layer in enumerate(layers):
+    first = seen.setdefault(layer.scope.identity, i)
+    if first != i:
+      raise errors.LayerStackError(_SHARED_LAYER.format(
+          first=first, second=i, path=layer.scope.path_text))
+  return tuple(layers)
+
+
+class LayerInputs(NamedTuple):
+  """What each step of the loop reads: one layer's slice of each."""
+  variables: dict[str, Any]  # the layer's variables, {collection: tree}
+  keys: dict[str, Any]  # the raw key of each rng stream
+  hashes: Any  # uint32[draws]: the hash folded into the raw key at each draw
+  rows: tuple  # the per_layer arguments
+
+
+@dataclasses.dataclass(eq=False)  # lax.scan hashes its body
+class _LayerStep:
+  """One layer: layer 0's code on a scope holding that layer's variables and rng hashes."""
+  first: Module
+  layer_args: LayerArgs
+  scope_fn: Any
+  repack_fn: Any
+  layers: int
+  counters: RngCounters  # layer 0's counter node, which the inner scope shares
+  draws: list | None = None  # None: this trace records them
+  recorded: tuple = ()  # (draws, counter increments) of the last trace
+
+  def __call__(self, carry: Any, x: LayerInputs) -> tuple[Any, dict[str, Any]]:
+    tape = Tape('scan_layers', x.hashes, self.draws)
+    empty = ({},) * (self.layers - 1)
+    with zeroed([self.counters]) as increments:
+      scopes = self.scope_fn(((x.variables,) + empty,),
+                             ((tape_streams([x.keys], tape)[0][0],) + empty,))
+      layer = self.first.clone(parent=scopes[0], _deep_clone=True)
+      args, kwargs = self.layer_args.for_layer(x.rows)
+      carry = layer(carry, *args, **kwargs)
+      out = self.repack_fn(scopes)[0][0]
+      tape.check_complete()
+    self.recorded = (tape.draws, increments[0])
+    return carry, out
+
+
+def _step_shapes(tree: Any) -> Any:
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:], a.dtype), tree)
+
+
+def _layer_hashes(draws: list, layer_rngs: Sequence[dict], counters: Sequence[RngCounters]):
+  """``uint32[layers, draws]``: each draw's hash at each layer's stream suffix and counters."""
+  return np.stack([draw_hashes(draws, [rngs], [node], len(draws))
+                   for rngs, node in zip(layer_rngs, counters)])
+
+
+def _check_draws(draws: list, rng_groups: Any):
+  if draws and has_tape_streams(rng_groups):
+    raise errors.LayerStackError(_DRAWS_UNDER_JIT.format(
+        streams=sorted({draw.stream for draw in draws})))
+
+
+def _loop_groups(first: Module, layer_args: LayerArgs, remat: Any, counters: list,
+                 scope_fn, repack_fn, variable_groups, rng_groups, x):
+  """The `pack` client: stack, record the draws, run the loop, hand each layer its slice."""
+  (layer_variables,), (layer_rngs,) = variable_groups, rng_groups
+  n = len(layer_variables)
+  step = _LayerStep(first, layer_args, scope_fn, repack_fn, n, counters[0])
+  keys = stack_trees([{name: s.key for name, s in rngs.items()} for rngs in layer_rngs])
+  xs = LayerInputs(stack_trees(layer_variables), keys, np.zeros((n, 1), np.uint32),
+                   layer_args.rows)
+  jax.eval_shape(step, x, _step_shapes(xs))
+  step.draws, increments = step.recorded
+  _check_draws(step.draws, rng_groups)
+  xs = xs._replace(hashes=_layer_hashes(step.draws, layer_rngs, counters))
+  carry, outs = loops.run_scan(step, x, xs, remat=remat)
+  for node in counters:
+    advance(node, increments)
+  return carry, (tuple(row(outs, i) for i in range(n)),)
+
+
+def _unrolled(layers: tuple[Module, ...], layer_args: LayerArgs, x: Any) -> Any:
+  for i, layer in enumerate(layers):
+    args, kwargs = layer_args.for_layer(row(layer_args.rows, i))
+    x = layer(x, *args, **kwargs)
+  return x
+
+
+def scan_layers(layers: Sequence[Module], x: Any, *args, remat: Any = False, **kwargs) -> Any:
+  """Runs ``for layer in layers: x = layer(x, *args)`` as one loop over stacked variables.
+
+  The layers (a list of equal submodules, e.g. ``self.layers = [Block() for _
+  in range(n)]`` in ``setup``) keep their per-layer variables (``layers_0``,
+  ``layers_1``, ...); each call stacks them, traces layer 0's code once and
+  writes what the layers create or update back to each layer. Values,
+  gradients and rng draws are those of the Python loop; compile time no
+  longer grows with the depth. Under ``init`` the Python loop runs (the
+  variables do not exist yet), giving exactly its values.
+
+  Args:
+    layers: the bound submodules, all of one class with equal fields and
+      variables of equal names, shapes and dtypes.
+    x: the carry; each layer returns the next one (same shapes).
+    *args, **kwargs: go whole to every layer, except `per_layer` values
+      (row i to layer i).
+    remat: checkpoint policy of each layer, as `lift.loops.run_scan`.
+
+  Raises:
+    LayerMismatchError: two layers differ in variables (the message names the
+      layer index, the variable path and both shapes) or in class or fields.
+
+  Not for layers that differ: keep the Python loop or use `BlockSeq`.
+
+  >>> class Model(nn.Module):
+  ...   def setup(self):
+  ...     self.layers = [Block() for _ in range(24)]
+  ...   def __call__(self, x):
+  ...     return nn.scan_layers(self.layers, x, remat=True)
+  """
+  layers = _check_layers(layers)
+  check_remat(remat, len(layers))
+  layer_args = split_layer_args(args, kwargs)
+  check_rows(layer_args, len(layers), 'scan_layers')
+  if layers[0].is_initializing():
+    check_same_code(layers, 'scan_layers')
+    return _unrolled(layers, layer_args, x)
+  check_same_variables([layer.variables for layer in layers], 'scan_layers')
+  check_same_code(layers, 'scan_layers')
+  counters = [layer.scope.rng_counters for layer in layers]
+  core = functools.partial(_loop_groups, layers[0], layer_args, remat, counters)
+  return pack(core, (True,), (True,), (True,), name='scan_layers')(
+      [layer.scope for layer in layers], x)
+
+
+__all__ = ['scan_layers']

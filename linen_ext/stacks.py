@@ -1,0 +1,402 @@
+"""Layer stacks with one interface: `Stacked` (one loop) and `BlockSeq` (a Python loop).
+
+Both take a block class and a number of layers (`BlockSeq` also a list of
+blocks) and offer ``fold(x, *args)`` (the block returns the next carry),
+``scan(x, *args)`` (it returns ``(carry, out)``; outs are stacked),
+``vmap(x, *args)`` (every layer on the same input), ``fold_via(fn)`` and
+``scan_via(fn)`` (``fn(block, carry, *args)`` instead of calling the block),
+and ``unstacked()``. Arguments go whole to every layer except those wrapped
+by `per_layer`, whose row i goes to layer i. ``remat=`` is any value
+`lift.loops.resolve_remat` accepts and means the same in both.
+
+`Stacked` keeps one copy of the block whose variables carry a leading layer
+axis (the layout of ``nn.scan``/``flax.linen.scan`` with ``variable_axes={True:
+0}``) and runs it with `lift.scan`, hence `lift.loops.run_scan`: the block is
+traced once whatever the depth. `BlockSeq` keeps blocks at ``layers_0``,
+``layers_1``, ... and unrolls; use it for heterogeneous blocks.
+`stacked_to_layers`/`layers_to_stacked` convert between the two layouts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax.core import FrozenDict
+
+import lift
+from lift import loops
+from lift.loops.policies import CARRY_NAME, INPUT_NAME, on_this_backend, step_policy
+
+from linen_ext import errors
+from linen_ext.lifting import call_lifted, is_module_class
+from linen_ext.module import Module
+from linen_ext.stack_layout import (LayerArgs, check_rows, layer_name, row,
+                                    split_layer_args, stack_trees, stacked_to_layers)
+
+_BAD_BLOCK = (
+    '{stack}: block {value!r:.80} is not a Module class. Fix: pass the class '
+    '(or functools.partial of it) and its options as block_kwargs, e.g. '
+    '{stack}(Block, 4, block_kwargs={{"features": 8}}).')
+_BAD_LENGTH = (
+    '{stack}: length={value!r} is not a positive int. Fix: the number of '
+    'layers, e.g. {stack}(Block, 4).')
+_BAD_BLOCKS = (
+    'BlockSeq: {detail}. Fix: BlockSeq(Block, 4) for 4 layers of one class, or '
+    'BlockSeq([Block(), Other()]) for a list of modules (made in setup, or '
+    'detached with parent=None).')
+_BAD_STEP = (
+    '{stack}.{mode}: the block returned {kind}, but {mode} needs {needed}. Fix: '
+    'use fold for blocks that return the next carry, scan for blocks that '
+    'return (carry, out), or adapt it with fold_via/scan_via(fn).')
+
+Remat = Any  # anything lift.loops.resolve_remat accepts
+
+
+def _frozen(value: Mapping[Any, Any]) -> FrozenDict:
+  # Hashable, so that a stack inside nn.jit can be part of the cache key.
+  return value if isinstance(value, FrozenDict) else FrozenDict(dict(value))
+
+
+def check_remat(remat: Remat, length: int) -> loops.ScanCheckpointPolicy | None:
+  """Validates ``remat`` for ``length`` layers when the stack is built."""
+  policy = loops.resolve_remat(remat)
+  if policy is not None and policy.nested is not True and policy.nested:
+    loops.plan_blocks(length, policy.nested)
+  return policy
+
+
+def _check_length(stack: str, length: Any) -> int:
+  if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+    raise errors.LayerStackError(_BAD_LENGTH.format(stack=stack, value=length))
+  return length
+
+
+def _call_block(block: Module, carry: Any, *args, **kwargs) -> Any:
+  return block(carry, *args, **kwargs)
+
+
+def _step_result(stack: str, mode: str, carry: Any, result: Any) -> tuple[Any, Any]:
+  """``(next carry, out)`` of one layer (fold and vmap have no out); checks its shape."""
+  if mode == 'vmap':
+    return result, None
+  pair = isinstance(result, tuple) and len(result) == 2
+  if mode == 'scan' and not pair:
+    raise errors.LayerStackError(_BAD_STEP.format(
+        stack=stack, mode=mode, kind=f'a {type(result).__name__}',
+        needed='a (carry, out) pair'))
+  new_carry, out = result if mode == 'scan' else (result, None)
+  if jax.tree.structure(new_carry) != jax.tree.structure(carry):
+    raise errors.LayerStackError(_BAD_STEP.format(
+        stack=stack, mode=mode, kind=f'a carry {jax.tree.structure(new_carry)}',
+        needed=f'the structure of its carry, {jax.tree.structure(carry)}'))
+  return new_carry, out
+
+
+# -- Stacked ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _BlockFactory:
+  """Makes the block bound to a scope: its variables sit at the scope itself."""
+  block_cls: Any
+  kwargs: Mapping[str, Any]
+
+  def __call__(self, scope: lift.Scope) -> Module:
+    return self.block_cls(parent=scope, **self.kwargs)
+
+
+def _scan_step(make_block, fn, mode, layer_args: LayerArgs, scope, carry, rows):
+  args, kwargs = layer_args.for_layer(rows)
+  return _step_result('Stacked', mode, carry, fn(make_block(scope), carry, *args, **kwargs))
+
+
+def _vmap_step(make_block, fn, layer_args: LayerArgs, scope, x, rows):
+  args, kwargs = layer_args.for_layer(rows)
+  return fn(make_block(scope), x, *args, **kwargs)
+
+
+class Stacked(Module):
+  """``length`` copies of a block with stacked variables, run as one loop (`lift.scan`).
+
+  The block's variables get a leading layer axis, at the stack's own path:
+  ``Stacked(Block, 4, name='blocks')`` has ``params/blocks/Dense_0/kernel`` of
+  shape ``(4, ...)``, as ``nn.scan(Block, variable_axes={True: 0},
+  split_rngs={True: True}, length=4)`` and `flax.linen.scan`. Variables are
+  created under ``init`` by a vmapped init: every layer runs once on the
+  call's input, layer i drawing from ``split(key, length)[i]`` for every rng
+  stream, so the values are those of ``jax.vmap(Block().init)(split(key,
+  length))`` (and of `flax.linen.vmap` with ``split_rngs``) whichever method
+  runs first; then the call runs as under ``apply``. (`flax.linen.scan`
+  creates parameters inside its loop, after a first trace has drawn, and so
+  gives other values for the same key.)
+  Block options go in ``block_kwargs`` (the block is constructed inside the
+  loop, once); every layer shares them. What differs per layer is a call
+  argument wrapped in `per_layer`.
+
+  Attributes:
+    block_cls: a Module class (or ``functools.partial`` of one).
+    length: the number of layers.
+    remat: checkpoint policy of each layer (False, True, 'full', 'nested',
+      'offload', 'save_all' or a `lift.loops.ScanCheckpointPolicy`).
+    metadata_params: given to axis-metadata boxes for the layer axis, e.g.
+      ``{nn.PARTITION_NAME: 'layers'}``.
+    block_kwargs: options of the block class.
+
+  Calling the stack is ``fold``. Not for blocks that differ in code or
+  variable shapes: use `BlockSeq`.
+
+  >>> class Model(nn.Module):
+  ...   @nn.compact
+  ...   def __call__(self, x):
+  ...     return nn.Stacked(Block, 12, remat=True, block_kwargs={'heads': 4})(x)
+  """
+  block_cls: Any
+  length: int
+  remat: Remat = dataclasses.field(default=False, kw_only=True)
+  metadata_params: Mapping[Any, Any] = dataclasses.field(default_factory=dict, kw_only=True)
+  block_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict, kw_only=True)
+
+  def __post_init__(self):
+    if not is_module_class(self.block_cls):
+      raise errors.LayerStackError(_BAD_BLOCK.format(stack='Stacked', value=self.block_cls))
+    check_remat(self.remat, _check_length('Stacked', self.length))
+    object.__setattr__(self, 'metadata_params', _frozen(self.metadata_params))
+    object.__setattr__(self, 'block_kwargs', _frozen(self.block_kwargs))
+    super().__post_init__()
+
+  def __call__(self, x: Any, *args, **kwargs) -> Any:
+    """Same as ``fold``."""
+    return self._loop(_call_block, 'fold', x, *args, **kwargs)
+
+  def fold(self, x: Any, *args, **kwargs) -> Any:
+    """``x = block_i(x, *args)`` for each layer i, as one loop; returns the last ``x``."""
+    return self._loop(_call_block, 'fold', x, *args, **kwargs)
+
+  def scan(self, x: Any, *args, **kwargs) -> tuple[Any, Any]:
+    """``x, out_i = block_i(x, *args)`` for each layer; returns ``(x, outs)`` (outs stacked)."""
+    return self._loop(_call_block, 'scan', x, *args, **kwargs)
+
+  def vmap(self, x: Any, *args, **kwargs) -> Any:
+    """Every layer on the same ``x``, in parallel; outputs stacked along a new axis 0."""
+    return self._vmapped(_call_block, x, self._layer_args(args, kwargs))
+
+  def fold_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fold`` with ``fn(block, carry, *args) -> carry`` in place of calling the block.
+
+    >>> y = stack.fold_via(lambda block, x, mask: block.decode(x, mask))(x, mask)
+    """
+    return functools.partial(self._loop, fn, 'fold')
+
+  def scan_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``scan`` with ``fn(block, carry, *args) -> (carry, out)``."""
+    return functools.partial(self._loop, fn, 'scan')
+
+  def unstacked(self) -> tuple[Module, ...]:
+    """Read-only per-layer views: layer i's block bound to row i of the variables.
+
+    For inspection and debugging; writes to a view do not reach the stack.
+    """
+    variables = stacked_to_layers(self.variables, metadata_params=self.metadata_params)
+    detached = self.block_cls(parent=None, **self.block_kwargs)
+    return tuple(
+        detached.bind({col: tree[layer_name('layers', i)] for col, tree in variables.items()})
+        for i in range(self.length))
+
+  def _factory(self) -> _BlockFactory:
+    return _BlockFactory(self.block_cls, self.block_kwargs)
+
+  def _layer_args(self, args: tuple, kwargs: dict) -> LayerArgs:
+    layer_args = split_layer_args(args, kwargs)
+    check_rows(layer_args, self.length, 'Stacked')
+    return layer_args
+
+  def _vmapped(self, fn: Callable[..., Any], x: Any, layer_args: LayerArgs) -> Any:
+    step = functools.partial(_vmap_step, self._factory(), fn, layer_args)
+    mapped = lift.vmap(step, variable_axes={True: 0}, split_rngs={True: True},
+                       in_axes=(None, 0), axis_size=self.length,
+                       metadata_params=self.metadata_params)
+    return mapped(self._bound_scope('Calling Stacked'), x, layer_args.rows)
+
+  def _loop(self, fn: Callable[..., Any], mode: str, x: Any, *args, **kwargs) -> Any:
+    layer_args = self._layer_args(args, kwargs)
+    if self.is_initializing() and not self.variables:
+      # The vmapped init: every layer on x, each with its own split rng keys.
+      self._vmapped(fn, x, layer_args)
+    step = functools.partial(_scan_step, self._factory(), fn, mode, layer_args)
+    loop = lift.scan(step, variable_axes={True: 0}, split_rngs={True: True},
+                     length=self.length, metadata_params=self.metadata_params,
+                     remat=self.remat)
+    carry, outs = loop(self._bound_scope(f'Calling Stacked.{mode}'), x, layer_args.rows)
+    return carry if mode == 'fold' else (carry, outs)
+
+
+# -- BlockSeq ---------------------------------------------------------------------------
+
+
+def _tag_roots(policy: loops.ScanCheckpointPolicy, carry: Any, rows: Any) -> tuple[Any, Any]:
+  """Names a step's roots for an offloading policy, as the loop engine does."""
+  if policy.save_carries == 'offload':
+    carry = loops.checkpoint_name(carry, CARRY_NAME)
+  if policy.save_inputs == 'offload':
+    rows = loops.checkpoint_name(rows, INPUT_NAME)
+  return carry, rows
+
+
+def _lifted_checkpoint(policy: loops.ScanCheckpointPolicy, jax_policy: Any):
+  return functools.partial(lift.checkpoint, policy=jax_policy, prevent_cse=policy.prevent_cse)
+
+
+def _checkpointed_layer(block: Module, fn, mode: str, policy, layer_args: LayerArgs,
+                        carry: Any, rows: tuple) -> tuple[Any, Any]:
+  """One layer under the lifted checkpoint with the policy's ``jax.checkpoint`` policy."""
+
+  def layer(module, carry):
+    carry, layer_rows = _tag_roots(policy, carry, rows)
+    args, kwargs = layer_args.for_layer(layer_rows)
+    return _step_result('BlockSeq', mode, carry, fn(module, carry, *args, **kwargs))
+
+  build = _lifted_checkpoint(policy, step_policy(policy))
+  return call_lifted('checkpoint', build, layer, block, (carry,), {})
+
+
+def _segments(length: int, nested: bool | int) -> list[range]:
+  """The layers of each outer block of the loop engine's nested plan, in loop order."""
+  starts = np.cumsum((0,) + loops.plan_blocks(length, nested).lengths)
+  return [range(int(start), int(stop)) for start, stop in zip(starts[:-1], starts[1:])]
+
+
+class BlockSeq(Module):
+  """Layers run one after another in Python, with the interface of `Stacked`.
+
+  ``BlockSeq(Block, 4, block_kwargs=...)`` makes four blocks,
+  ``BlockSeq([Block(), Other()])`` takes detached modules (possibly
+  heterogeneous); either way the blocks sit at ``layers_0``, ``layers_1``, ...
+  (the layout `stacked_to_layers` produces and `scan_layers` runs). With
+  ``remat`` each layer runs under the lifted checkpoint with the policy's
+  ``jax.checkpoint`` policy; ``'nested'`` (or ``nested=b``) checkpoints groups
+  of layers around the checkpointed layers, keeping only the carries that
+  enter groups, as the loop engine does.
+
+  Compiles in time linear in the depth: for many equal blocks use `Stacked`
+  or `scan_layers`.
+
+  >>> seq = BlockSeq(Block, 3, remat=True)
+  >>> variables = seq.init(key, x)                    # params/layers_0 ... layers_2
+  """
+  layers: Any
+  length: int | None = None
+  remat: Remat = dataclasses.field(default=False, kw_only=True)
+  block_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict, kw_only=True)
+
+  def __post_init__(self):
+    self._check_layers()
+    check_remat(self.remat, self.num_layers)
+    object.__setattr__(self, 'block_kwargs', _frozen(self.block_kwargs))
+    super().__post_init__()
+
+  def _check_layers(self):
+    if is_module_class(self.layers):
+      _check_length('BlockSeq', self.length)
+      return
+    if not isinstance(self.layers, Sequence) or not self.layers or not all(
+        isinstance(m, Module) for m in self.layers):
+      raise errors.LayerStackError(_BAD_BLOCKS.format(
+          detail=f'layers={self.layers!r:.80} is neither a Module class nor a '
+          'non-empty list of Modules'))
+    if self.length is not None and self.length != len(self.layers):
+      raise errors.LayerStackError(_BAD_BLOCKS.format(
+          detail=f'length={self.length} but {len(self.layers)} modules were given'))
+
+  @property
+  def num_layers(self) -> int:
+    return self.length if is_module_class(self.layers) else len(self.layers)
+
+  def setup(self):
+    if is_module_class(self.layers):
+      self.blocks = tuple(self.layers(name=layer_name('layers', i), **self.block_kwargs)
+                          for i in range(self.length))
+
+  @property
+  def _blocks(self) -> tuple[Module, ...]:
+    return self.blocks if is_module_class(self.layers) else tuple(self.layers)
+
+  def __call__(self, x: Any, *args, **kwargs) -> Any:
+    """Same as ``fold``."""
+    return self._loop(_call_block, 'fold', x, *args, **kwargs)
+
+  def fold(self, x: Any, *args, **kwargs) -> Any:
+    """``x = block_i(x, *args)`` for each layer i; returns the last ``x``."""
+    return self._loop(_call_block, 'fold', x, *args, **kwargs)
+
+  def scan(self, x: Any, *args, **kwargs) -> tuple[Any, Any]:
+    """``x, out_i = block_i(x, *args)`` for each layer; returns ``(x, outs)`` (outs stacked)."""
+    return self._loop(_call_block, 'scan', x, *args, **kwargs)
+
+  def vmap(self, x: Any, *args, **kwargs) -> Any:
+    """Every layer on the same ``x``; outputs stacked along a new axis 0."""
+    return self._loop(_call_block, 'vmap', x, *args, **kwargs)
+
+  def fold_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fold`` with ``fn(block, carry, *args) -> carry`` in place of calling the block."""
+    return functools.partial(self._loop, fn, 'fold')
+
+  def scan_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``scan`` with ``fn(block, carry, *args) -> (carry, out)``."""
+    return functools.partial(self._loop, fn, 'scan')
+
+  def unstacked(self) -> tuple[Module, ...]:
+    """The blocks themselves (bound: calling one runs that layer)."""
+    return self._blocks
+
+  def _loop(self, fn: Callable[..., Any], mode: str, x: Any, *args, **kwargs) -> Any:
+    layer_args = split_layer_args(args, kwargs)
+    check_rows(layer_args, self.num_layers, 'BlockSeq')
+    policy = loops.resolve_remat(self.remat)
+    if policy is not None:
+      policy = on_this_backend(policy)
+    if policy is not None and policy.nested and mode != 'vmap':
+      carry, outs = self._nested(fn, mode, policy, layer_args, x)
+    else:
+      carry, outs = self._layers(self._blocks, range(self.num_layers), fn, mode, policy,
+                                 layer_args, x)
+    if mode == 'fold':
+      return carry
+    outs = stack_trees(outs)
+    return outs if mode == 'vmap' else (carry, outs)
+
+  def _layers(self, blocks, indices: range, fn, mode: str, policy, layer_args: LayerArgs,
+              x: Any) -> tuple[Any, list[Any]]:
+    carry, outs = x, []
+    for i in indices:
+      rows = row(layer_args.rows, i)
+      if policy is None:
+        args, kwargs = layer_args.for_layer(rows)
+        result = _step_result('BlockSeq', mode, carry, fn(blocks[i], carry, *args, **kwargs))
+      else:
+        result = _checkpointed_layer(blocks[i], fn, mode, policy, layer_args, carry, rows)
+      if mode == 'vmap':
+        outs.append(result[0])
+      else:
+        carry, out = result
+        outs.append(out)
+    return carry, outs
+
+  def _nested(self, fn, mode: str, policy, layer_args: LayerArgs, x: Any):
+    """Groups of layers under a checkpoint that saves nothing, each layer checkpointed inside."""
+    build = _lifted_checkpoint(policy, None)
+    carry, outs = x, []
+    for indices in _segments(self.num_layers, policy.nested):
+
+      def group(seq, carry, indices=indices):
+        return seq._layers(seq._blocks, indices, fn, mode, policy, layer_args, carry)
+
+      carry, group_outs = call_lifted('checkpoint', build, group, self, (carry,), {})
+      outs.extend(group_outs)
+    return carry, outs
+
+
+__all__ = ['Stacked', 'BlockSeq']

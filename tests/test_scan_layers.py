@@ -1,0 +1,202 @@
+"""scan_layers: a list of equal submodules as one loop.
+
+Oracle: the same module running the Python loop over the same layers
+(``for layer in self.layers: x = layer(x)``): init values, outputs, gradients,
+rng draws, mutable collections and rng counters afterwards must be equal.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import linen_ext as nn
+from lift import loops
+from lift.errors import RematPolicyError
+from linen_ext import errors
+
+KEY = jax.random.key(0)
+N = 4
+X = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
+RNGS = {'params': KEY, 'dropout': jax.random.key(1)}
+
+
+class Block(nn.Module):
+  """Dense (a wrapped flax layer), native dropout, a counter and a sown value."""
+  features: int = 4
+  rate: float = 0.25
+
+  @nn.compact
+  def __call__(self, x, scale=1.0, train=False):
+    h = jnp.tanh(nn.Dense(self.features)(x)) * scale
+    h = nn.Dropout(self.rate, deterministic=not train)(h)
+    count = self.variable('counter', 'calls', jnp.zeros, (), jnp.int32)
+    if self.is_mutable_collection('counter') and not self.is_initializing():
+      count.value += 1
+    self.sow('intermediates', 'h', h)
+    return x + h
+
+
+class Model(nn.Module):
+  """The same layers run by scan_layers or by the Python loop."""
+  use_scan: bool = True
+  n: int = N
+  remat: object = False
+
+  def setup(self):
+    self.layers = [Block() for _ in range(self.n)]
+
+  def __call__(self, x, scales=None, train=False):
+    if self.use_scan:
+      args = () if scales is None else (nn.per_layer(scales),)
+      return nn.scan_layers(self.layers, x, *args, train=train, remat=self.remat)
+    for i, layer in enumerate(self.layers):
+      x = layer(x, *(() if scales is None else (scales[i],)), train=train)
+    return x
+
+  def again(self, x):
+    """scan_layers then each layer once more: rng counters must continue as in the loop."""
+    y = self(x, train=True)
+    return y + sum(layer(x, train=True) for layer in self.layers)
+
+
+def assert_close(a, b, tol=1e-5):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
+
+
+def both(fn):
+  return fn(Model(use_scan=True)), fn(Model(use_scan=False))
+
+
+def test_init_equals_the_python_loop():
+  ours, loop = both(lambda m: m.init(RNGS, X))
+  assert sorted(ours['params']) == [f'layers_{i}' for i in range(N)]
+  assert_close(ours, loop, tol=0)
+
+
+def test_outputs_grads_rngs_and_state_equal_the_python_loop():
+  variables = Model(use_scan=False).init(RNGS, X)
+  scales = jnp.array([1.0, 0.5, -1.0, 2.0])
+
+  def run(model):
+    def loss(params):
+      y, state = model.apply({**variables, 'params': params}, X, scales, train=True,
+                             rngs={'dropout': jax.random.key(5)},
+                             mutable=['counter', 'intermediates'])
+      return jnp.sum(y ** 2), (y, state)
+    return jax.jit(jax.grad(loss, has_aux=True))(variables['params'])
+
+  (g_scan, (y_scan, s_scan)), (g_loop, (y_loop, s_loop)) = both(run)
+  assert_close(y_scan, y_loop)
+  assert_close(g_scan, g_loop)
+  assert_close(s_scan, s_loop, tol=0)
+  assert s_scan['counter']['layers_3']['calls'] == 1
+  assert not np.allclose(y_scan, Model().apply(variables, X, scales))  # dropout was on
+
+
+def test_rng_counters_continue_as_in_the_loop():
+  variables = Model(use_scan=False).init(RNGS, X)
+  ours, loop = both(lambda m: m.apply(variables, X, method='again',
+                                      rngs={'dropout': jax.random.key(2)}))
+  assert_close(ours, loop)
+
+
+@pytest.mark.parametrize('remat', [True, 'nested', 'save_all', loops.ScanCheckpointPolicy(nested=2)],
+                         ids=str)
+def test_remat_policies_keep_values_and_grads(remat):
+  variables = Model(use_scan=False).init(RNGS, X)
+  grad = lambda m: jax.jit(jax.value_and_grad(
+      lambda p: jnp.sum(m.apply({**variables, 'params': p}, X) ** 2)))(variables['params'])
+  assert_close(grad(Model(remat=remat)), grad(Model(use_scan=False)))
+
+
+def test_jaxpr_has_one_scan_with_the_block_once():
+  variables = Model(use_scan=False).init(RNGS, X)
+  jaxpr = jax.make_jaxpr(lambda v: Model().apply(v, X))(variables).jaxpr
+  scans = [e for e in jaxpr.eqns if e.primitive.name == 'scan']
+  assert len(scans) == 1 and scans[0].params['length'] == N
+  names = [e.primitive.name for e in scans[0].params['jaxpr'].jaxpr.eqns]
+  assert names.count('dot_general') == 1 and names.count('tanh') == 1
+  assert 'dot_general' not in [e.primitive.name for e in jaxpr.eqns]
+
+
+def test_works_under_jit_and_with_layers_made_in_a_compact_method():
+  class Compact(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.scan_layers([Block(rate=0.0) for _ in range(3)], x)
+
+  class CompactLoop(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      for layer in [Block(rate=0.0) for _ in range(3)]:
+        x = layer(x)
+      return x
+
+  variables = CompactLoop().init(KEY, X)
+  assert sorted(variables['params']) == ['Block_0', 'Block_1', 'Block_2']
+  assert_close(jax.jit(Compact().apply)(variables, X), CompactLoop().apply(variables, X))
+
+
+# -- errors -----------------------------------------------------------------------------
+
+
+class Mixed(nn.Module):
+  """Layers that differ in shape (features) or only in code (rate)."""
+  features: tuple = (4, 4, 4)
+  rates: tuple = (0.25, 0.25, 0.25)
+
+  def setup(self):
+    self.layers = [Block(f, r) for f, r in zip(self.features, self.rates)]
+
+  def __call__(self, x):
+    return nn.scan_layers(self.layers, x)
+
+  def loop(self, x):
+    for layer in self.layers:
+      x = layer(x)
+    return x
+
+
+def test_layers_with_different_shapes_are_refused_naming_index_path_and_shapes():
+  model = Mixed()
+  variables = model.init(KEY, X)
+  bad = jax.tree.map(lambda a: a, variables)
+  bad['params']['layers_2']['Dense_0']['kernel'] = jnp.zeros((4, 5))  # e.g. a wrong checkpoint
+  with pytest.raises(errors.LayerMismatchError,
+                     match=(r'layer 2 does not match layer 0: variable '
+                            r'params/Dense_0/kernel is shape \(4, 5\) dtype float32 in layer 2 '
+                            r'but shape \(4, 4\) dtype float32 in layer 0')):
+    model.apply(bad, X)
+
+
+def test_layers_with_different_code_are_refused():
+  model = Mixed(rates=(0.25, 0.5, 0.25))
+  variables = model.init(KEY, X, method='loop')
+  with pytest.raises(errors.LayerMismatchError,
+                     match=r"layer 1 runs other code than layer 0: field 'rate' is 0.5"):
+    model.apply(variables, X)
+  with pytest.raises(errors.LayerMismatchError, match='layer 1 runs other code'):
+    model.init(KEY, X)
+
+
+def test_misuse_is_refused():
+  class Shared(nn.Module):
+    def setup(self):
+      block = Block()
+      self.layers = [block, block]
+
+    def __call__(self, x):
+      return nn.scan_layers(self.layers, x)
+
+  with pytest.raises(errors.LayerStackError, match='layers 0 and 1 are the same module'):
+    Shared().init(KEY, X)
+  with pytest.raises(errors.LayerStackError, match='not a bound Module'):
+    nn.scan_layers([Block()], X)
+  with pytest.raises(RematPolicyError, match="remat='sometimes'"):
+    Model(remat='sometimes').init(KEY, X)
+  with pytest.raises(RematPolicyError, match='nested=5 outer blocks for a loop of 4 steps'):
+    Model(remat=loops.ScanCheckpointPolicy(nested=5)).init(KEY, X)
+  with pytest.raises(errors.LayerStackError, match='has 4 layers'):
+    Model().init(RNGS, X, jnp.ones(3))
