@@ -67,11 +67,6 @@ def _is_unmapped(axis: Any) -> bool:
   return axis is None or axis is broadcast
 
 
-class _JaxPolicy(NamedTuple):
-  """A ``jax.checkpoint`` policy from `remat_scan(policy=...)`, applied to each step."""
-  policy: Callable[..., Any] | None
-
-
 @dataclasses.dataclass(frozen=True)
 class _ScanConfig:
   variable_axes: tuple[int, ...]
@@ -280,11 +275,8 @@ def _plan(step: _Step, carry_variables: tuple[dict, ...], init: Any, xs: StepInp
 
 def _run_loop(step: _Step, carry: LoopCarry, xs: StepInputs, length: int):
   config = step.config
-  remat = config.remat
-  if isinstance(remat, _JaxPolicy):
-    step, remat = jax.checkpoint(step, policy=remat.policy, prevent_cse=False), False
   return loops.run_scan(step, carry, xs, length=length, reverse=config.reverse,
-                        unroll=config.unroll, remat=remat)
+                        unroll=config.unroll, remat=config.remat)
 
 
 def _peeled_loop(step: _Step, carry: LoopCarry, xs: StepInputs, length: int):
@@ -448,12 +440,17 @@ class _Rules(NamedTuple):
   split_rngs: Mapping[Filter, bool]
 
 
+def _step_remat(policy: Callable[..., Any] | None) -> loops.ScanCheckpointPolicy:
+  """`remat_scan`'s `policy` (a `jax.checkpoint` policy, None saving nothing) for each step."""
+  return loops.ScanCheckpointPolicy(jax_policy=policy) if policy is not None else loops.resolve_remat('full')
+
+
 def _remat_level(body_fn, lengths: tuple[int, ...], policy, metadata_params, rules: _Rules):
   if len(lengths) == 1:
     step, remat = functools.partial(_carry_only_step, body_fn), False
   else:
     inner = _remat_level(body_fn, lengths[1:], policy, _inner_metadata(metadata_params), rules)
-    step, remat = functools.partial(_carry_only_step, inner), _JaxPolicy(policy)
+    step, remat = functools.partial(_carry_only_step, inner), _step_remat(policy)
   config = _ScanConfig(tuple(rules.variable_axes.values()), tuple(rules.split_rngs.values()),
                        0, 0, lengths[0], False, 1, None, dict(metadata_params), remat)
   loop = _build_scan(step, rules.variable_axes, rules.variable_broadcast,

@@ -269,3 +269,16 @@ def test_nested_second_order_vmap_and_python_float_init():
   batched = jax.vmap(jax.grad(f), in_axes=(0, None))
   np.testing.assert_allclose(batched(jnp.linspace(0.0, 1.0, 4), "nested"),
                              batched(jnp.linspace(0.0, 1.0, 4), False), rtol=1e-5)
+
+
+def test_jax_policy_is_used_for_each_step():
+  init, xs = inputs(6)
+  final = lambda i, x, remat: jnp.sum(loops.run_scan(body, i, x, remat=remat)[0])
+  everything = loops.ScanCheckpointPolicy(jax_policy=jax.checkpoint_policies.everything_saveable)
+  nothing = loops.ScanCheckpointPolicy(jax_policy=jax.checkpoint_policies.nothing_saveable)
+  assert residual_shapes(lambda i, x: final(i, x, everything), init, xs) == \
+      residual_shapes(lambda i, x: final(i, x, 'save_all'), init, xs)
+  assert residual_shapes(lambda i, x: final(i, x, nothing), init, xs) == \
+      residual_shapes(lambda i, x: final(i, x, 'full'), init, xs)
+  np.testing.assert_allclose(jax.grad(final)(init, xs, everything), jax.grad(final)(init, xs, False),
+                             rtol=1e-6)

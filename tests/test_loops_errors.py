@@ -128,3 +128,10 @@ def test_fn_returning_the_wrong_number_of_outputs():
 def test_malformed_sequence_spec():
   with pytest.raises(ScanTapsError, match=r"sequences\[0\]=.*expected an array or"):
     loops.scan_taps(lambda x: x, sequences=[{"values": jnp.ones(3)}])
+
+
+def test_jax_policy_cannot_be_combined_with_fields_that_choose_a_policy():
+  import jax
+  with pytest.raises(RematPolicyError, match='cannot be combined with save_inputs, save_block_internals'):
+    ScanCheckpointPolicy(jax_policy=jax.checkpoint_policies.nothing_saveable,
+                         save_inputs='offload', save_block_internals=True)

@@ -39,7 +39,7 @@ NESTED_FIELDS = (
 NESTED_TOO_MANY = (
     "remat: nested={blocks} outer blocks for a loop of {length} steps. Every "
     "outer block runs at least one step, so there cannot be more blocks than "
-    "steps. Fix: nested=True (about sqrt({length}) blocks) or an int from 1 to "
+    "steps. Fix: nested=True (about sqrt(2*{length}) blocks) or an int from 1 to "
     "{length}.")
 
 OFFLOAD_FALLBACK = (
@@ -109,3 +109,9 @@ OUTPUT_COUNT = (
     "scan_taps: fn returned {got} outputs but outputs_info has {expected} "
     "entries. Fix: return one value per outputs_info entry, and use None in "
     "outputs_info for outputs that are not fed back.")
+
+JAX_POLICY_FIELDS = (
+    "remat: ScanCheckpointPolicy(jax_policy=...) applies that jax.checkpoint "
+    "policy to each step as is, so it cannot be combined with {fields}, which "
+    "would choose a policy too. Fix: drop those fields, or drop jax_policy and "
+    "express the policy with the fields.")

@@ -58,6 +58,10 @@ class ScanCheckpointPolicy:
       differentiated one at a time, and of the other fields only
       `save_carries='offload'` (block carries in host memory) has an effect.
     prevent_cse: passed to `jax.checkpoint`; a scan already prevents CSE.
+    jax_policy: a `jax.checkpoint_policies` policy used for each step as is,
+      for code ported from `flax.core.lift.remat_scan(policy=...)`; it
+      replaces the policy derived from the fields above, which must then
+      keep their defaults.
 
   >>> ScanCheckpointPolicy(save_block_internals=["attn"]).nested
   False
@@ -68,6 +72,7 @@ class ScanCheckpointPolicy:
   offload_block_internals: Sequence[str] = ()
   nested: bool | int = False
   prevent_cse: bool = False
+  jax_policy: Callable[..., Any] | None = None
 
   def __post_init__(self):
     for field in ("save_carries", "save_inputs"):
@@ -85,6 +90,8 @@ class ScanCheckpointPolicy:
       raise RematPolicyError(_messages.NESTED_FIELD.format(value=self.nested))
     if self.nested:
       self._check_nested_fields()
+    if self.jax_policy is not None:
+      self._check_jax_policy_fields()
 
   def _check_overlap(self):
     saved = self.save_block_internals if not isinstance(self.save_block_internals, bool) else ()
@@ -101,6 +108,14 @@ class ScanCheckpointPolicy:
       fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in names)
       raise RematPolicyError(_messages.NESTED_FIELDS.format(
           nested=self.nested, fields=fields, names=", ".join(names)))
+
+  def _check_jax_policy_fields(self):
+    defaults = ScanCheckpointPolicy()
+    changed = [name for name in ("save_carries", "save_inputs", "save_block_internals",
+                                 "offload_block_internals", "nested")
+               if getattr(self, name) != getattr(defaults, name)]
+    if changed:
+      raise RematPolicyError(_messages.JAX_POLICY_FIELDS.format(fields=", ".join(changed)))
 
   @property
   def offloads(self) -> bool:
@@ -217,6 +232,8 @@ def _jax_policy(saved: Sequence[str], offloaded: Sequence[str],
 
 def step_policy(policy: ScanCheckpointPolicy) -> Callable[..., Any]:
   """The `jax.checkpoint` policy of one loop step (see the note's table)."""
+  if policy.jax_policy is not None:
+    return policy.jax_policy
   offloaded = [CARRY_NAME] if policy.save_carries == "offload" else []
   offloaded += [INPUT_NAME] if policy.save_inputs == "offload" else []
   offloaded += list(policy.offload_block_internals)
