@@ -349,6 +349,30 @@ def test_blockseq_runs_heterogeneous_blocks_and_inits_as_the_loop():
   assert_close(nn.BlockSeq(Block, N).init(KEY, X), Loop().init(KEY, X), tol=0)
 
 
+def _checkpoints(jaxpr) -> list:
+  """The checkpoint equations of ``jaxpr`` as (policy, nested checkpoints), in order."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name in ('checkpoint', 'remat2'):  # jax.checkpoint's primitive
+      found.append((eqn.params['policy'], _checkpoints(eqn.params['jaxpr'])))
+  return found
+
+
+def test_blockseq_runs_each_layer_under_a_checkpoint_with_the_policy():
+  variables = nn.stacked_to_layers(stacked_variables())
+  jaxpr = lambda remat: jax.make_jaxpr(
+      lambda v: nn.BlockSeq(Block, N, remat=remat).apply(v, X))(variables).jaxpr
+  full = _checkpoints(jaxpr(True))
+  assert len(full) == N and all(p.saveable_names == frozenset() and not inner
+                                for p, inner in full)
+  named = _checkpoints(jaxpr(loops.ScanCheckpointPolicy(save_block_internals=['h'])))
+  assert [p.saveable_names for p, _ in named] == [frozenset({'h'})] * N
+  nested = _checkpoints(jaxpr('nested'))
+  lengths = loops.plan_blocks(N, True).lengths
+  assert [len(inner) for _, inner in nested] == list(lengths)
+  assert all(policy is None for policy, _ in nested)
+
+
 # -- errors -----------------------------------------------------------------------------
 
 
