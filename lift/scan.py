@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax.core import meta
-from jax.extend.core import Literal, Var
+from lift._compat import Literal, Var
 
 from lift import _compat, _counters, errors, loops
 from lift.filters import Filter
