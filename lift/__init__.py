@@ -17,7 +17,8 @@ from lift.functional import apply, bind, init
 from lift.pack import pack
 from lift.rng import RngStream
 from lift.scope import Scope, Variable
-from lift.scan import broadcast, remat_scan, scan
+from lift.remat_scan import remat_scan
+from lift.scan import broadcast, scan
 from lift.vmap import vmap
 from lift.shard_map import shard_map
 from lift.autodiff import custom_vjp, jvp, value_and_grad, vjp

@@ -1,4 +1,4 @@
-"""Lifted `scan` and `remat_scan`: a loop whose steps see carried, scanned and broadcast variables.
+"""Lifted `scan`: a loop whose steps see carried, scanned and broadcast variables.
 
 A step is ``fn(scope, carry, *xs) -> (carry, ys)``. Per collection, variables
 are *scanned* (``variable_axes``: step ``i`` sees slice ``i``; what it writes is
@@ -25,7 +25,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax.core import meta
 from lift._compat import Literal, Var
 
 from lift import _compat, _counters, errors, loops
@@ -47,10 +46,6 @@ _DEPENDS_ON_LOOP = (
     "inside: split_rngs={{'params': False}}); or give its collection a per-step "
     "rule (variable_carry=['name'] or variable_axes={{'name': 0}}); or give the "
     'output an out axis.')
-_BAD_LENGTHS = (
-    'remat_scan: lengths={lengths!r} is not a non-empty sequence of positive '
-    'ints. Each entry is the number of steps of one nesting level; the body runs '
-    'prod(lengths) times. Fix: e.g. lengths=(4, 4) for 16 steps.')
 
 
 class _Broadcast:
@@ -68,7 +63,7 @@ def _is_unmapped(axis: Any) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class _ScanConfig:
+class ScanConfig:
   variable_axes: tuple[int, ...]
   rng_splits: tuple[bool, ...]
   in_axes: Any
@@ -147,7 +142,7 @@ def _split_ys(ys: Any, out_axes: Any) -> tuple[Any, Any]:
 class _Step:
   """``step(LoopCarry, StepInputs) -> (LoopCarry, (scanned ys, scanned variable groups))``."""
   fn: Callable[..., Any]
-  config: _ScanConfig
+  config: ScanConfig
   scope_fn: Callable[..., Any]
   repack_fn: Callable[..., Any]
   broadcast_variables: Any
@@ -309,7 +304,7 @@ def _place_ys(scanned: Any, invariant: Any, out_axes: Any) -> Any:
   return treedef.unflatten(placed)
 
 
-def _scanned_inputs(fn, config: _ScanConfig, variable_groups, rng_groups, args):
+def _scanned_inputs(fn, config: ScanConfig, variable_groups, rng_groups, args):
   """The variables, rngs and arguments that the loop slices, all moved to axis 0, and the length."""
   groups = remove_group_axes(variable_groups, config.variable_axes, config.metadata_params)
   arg_axes = [None if _is_unmapped(a) else a for a in leaf_axes(
@@ -326,7 +321,7 @@ def _scanned_inputs(fn, config: _ScanConfig, variable_groups, rng_groups, args):
   return xs, arg_axes, length
 
 
-def _scan_groups(fn, config: _ScanConfig, scope_fn, repack_fn, variable_groups,
+def _scan_groups(fn, config: ScanConfig, scope_fn, repack_fn, variable_groups,
                  rng_groups, init, *args, **kwargs):
   broadcast_variables, carry_variables, *scanned_groups = variable_groups
   xs, arg_axes, length = _scanned_inputs(fn, config, scanned_groups, rng_groups, args)
@@ -345,9 +340,9 @@ def _scan_groups(fn, config: _ScanConfig, scope_fn, repack_fn, variable_groups,
   return (carry.carry, ys), out_groups
 
 
-def _build_scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int],
+def build_scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int],
                 variable_broadcast: Filter, variable_carry: Filter,
-                split_rngs: Mapping[Filter, bool], config: _ScanConfig) -> Callable[..., Any]:
+                split_rngs: Mapping[Filter, bool], config: ScanConfig) -> Callable[..., Any]:
   filters = (variable_broadcast, variable_carry) + tuple(variable_axes)
   rng_filters, _ = check_split_rngs('scan', split_rngs)
   inner = functools.partial(_scan_groups, fn, config)
@@ -405,91 +400,12 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
                                 hint=', or variable_broadcast for collections shared by every step')
   _, splits = check_split_rngs('scan', split_rngs)
   loops.resolve_remat(remat)
-  config = _ScanConfig(
+  config = ScanConfig(
       axes, splits, check_axis_leaves('scan', 'in_axes', in_axes, _is_unmapped, 'lift.broadcast'),
       check_axis_leaves('scan', 'out_axes', out_axes, _is_unmapped, 'lift.broadcast'),
       check_size('scan', 'length', length), reverse, unroll, data_transform,
       dict(metadata_params), remat)
-  return _build_scan(fn, variable_axes, variable_broadcast, variable_carry, split_rngs, config)
+  return build_scan(fn, variable_axes, variable_broadcast, variable_carry, split_rngs, config)
 
 
-# -- remat_scan ------------------------------------------------------------------------
-
-def _carry_only_step(body_fn: Callable[..., Any], scope: Any, carry: Any) -> tuple[Any, tuple]:
-  return body_fn(scope, carry), ()
-
-
-def _carry_only(loop: Callable[..., Any], scope: Any, carry: Any) -> Any:
-  return loop(scope, carry)[0]
-
-
-def _inner_metadata(metadata_params: Mapping[Any, Any]) -> dict[Any, Any]:
-  # Only the outermost level names its axis: a mesh axis may appear once in a
-  # PartitionSpec, so inner levels add an unnamed (None) axis.
-  params = dict(metadata_params)
-  if meta.PARTITION_NAME in params:
-    params[meta.PARTITION_NAME] = None
-  return params
-
-
-class _Rules(NamedTuple):
-  """The variable and rng rules that every level of a `remat_scan` shares."""
-  variable_axes: Mapping[Filter, int]
-  variable_broadcast: Filter
-  variable_carry: Filter
-  split_rngs: Mapping[Filter, bool]
-
-
-def _step_remat(policy: Callable[..., Any] | None) -> loops.ScanCheckpointPolicy:
-  """`remat_scan`'s `policy` (a `jax.checkpoint` policy, None saving nothing) for each step."""
-  return loops.ScanCheckpointPolicy(jax_policy=policy) if policy is not None else loops.resolve_remat('full')
-
-
-def _remat_level(body_fn, lengths: tuple[int, ...], policy, metadata_params, rules: _Rules):
-  if len(lengths) == 1:
-    step, remat = functools.partial(_carry_only_step, body_fn), False
-  else:
-    inner = _remat_level(body_fn, lengths[1:], policy, _inner_metadata(metadata_params), rules)
-    step, remat = functools.partial(_carry_only_step, inner), _step_remat(policy)
-  config = _ScanConfig(tuple(rules.variable_axes.values()), tuple(rules.split_rngs.values()),
-                       0, 0, lengths[0], False, 1, None, dict(metadata_params), remat)
-  loop = _build_scan(step, rules.variable_axes, rules.variable_broadcast,
-                     rules.variable_carry, rules.split_rngs, config)
-  return functools.partial(_carry_only, loop)
-
-
-def remat_scan(body_fn: Callable[..., Any], lengths: Sequence[int],
-               policy: Callable[..., Any] | None = None,
-               variable_broadcast: Filter = False, variable_carry: Filter = False,
-               variable_axes: Mapping[Filter, int] = {True: 0},  # noqa: B006
-               split_rngs: Mapping[Filter, bool] = {True: True},  # noqa: B006
-               metadata_params: Mapping[Any, Any] = {}) -> Callable[..., Any]:  # noqa: B006
-  """``body_fn(scope, carry) -> carry`` repeated ``prod(lengths)`` times as nested scans.
-
-  Level ``k`` scans ``lengths[k]`` steps of level ``k + 1``; every level but
-  the innermost rematerializes its steps (``jax.checkpoint`` with ``policy``),
-  so the backward pass keeps about ``sum(lengths)`` carries instead of
-  ``prod(lengths)``. Variables with an axis get one axis per level, outermost
-  first: a kernel of ``lengths=(2, 3)`` has shape ``(2, 3, in, out)``.
-  ``metadata_params`` names the outermost axis; inner axes get None.
-
-  Not when the steps need scanned inputs or outputs: use ``scan(remat=...)``.
-
-  >>> def layer(scope, x):
-  ...   w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1],) * 2)
-  ...   return jax.numpy.tanh(x @ w)
-  >>> y, variables = init(remat_scan(layer, lengths=(2, 3)))(jax.random.key(0), jax.numpy.ones((1, 4)))
-  >>> variables['params']['w'].shape
-  (2, 3, 4, 4)
-  """
-  lengths = tuple(lengths) if isinstance(lengths, Sequence) else lengths
-  if not (isinstance(lengths, tuple) and lengths and all(
-      isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths)):
-    raise errors.InvalidAxisError(_BAD_LENGTHS.format(lengths=lengths))
-  check_variable_axes('remat_scan', variable_axes, allow_none=False)
-  check_split_rngs('remat_scan', split_rngs)
-  rules = _Rules(variable_axes, variable_broadcast, variable_carry, split_rngs)
-  return _remat_level(body_fn, lengths, policy, metadata_params, rules)
-
-
-__all__ = ['scan', 'remat_scan', 'broadcast']
+__all__ = ['scan', 'broadcast']

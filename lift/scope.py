@@ -18,7 +18,7 @@ from flax.core import meta
 
 from lift import errors
 from lift.filters import Filter, in_filter, validate_filter
-from lift.rng import RngCounters, RngStream, as_stream
+from lift.rng import RngCounters, as_stream
 
 T = TypeVar('T')
 

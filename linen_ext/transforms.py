@@ -19,7 +19,7 @@ from lift.fold_rngs import fold_rngs as lift_fold_rngs
 from lift.jit import jit as lift_jit
 from lift.map_variables import map_variables as lift_map_variables
 from lift.metadata import add_axis, remove_axis
-from lift.scan import remat_scan as lift_remat_scan
+from lift.remat_scan import remat_scan as lift_remat_scan
 from lift.scan import scan as lift_scan
 from lift.shard_map import shard_map as lift_shard_map
 from lift.vmap import vmap as lift_vmap

@@ -177,7 +177,7 @@ def test_switch_branches_with_different_shapes_are_rejected():
 # -- while_loop -------------------------------------------------------------------------------
 
 def loop_model(scope, x, while_loop=lift.while_loop):
-  steps = scope.variable('state', 'steps', lambda: jnp.zeros((), jnp.int32))
+  scope.variable('state', 'steps', lambda: jnp.zeros((), jnp.int32))
   scope.child(dense, 'dense')(x, 3)  # create the broadcast params before the loop
   def cond_fn(scope, carry):
     return scope.get_variable('state', 'steps') < 4

@@ -4,7 +4,6 @@ Oracle: the same model with flax.linen modules. Variables, rng keys (dropout
 masks), mutable collections and captured intermediates must be identical,
 also inside lifted transforms.
 """
-import functools
 
 import flax.linen as flax_nn
 import jax

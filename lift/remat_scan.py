@@ -1,0 +1,102 @@
+"""Lifted `remat_scan`: nested scans whose outer levels rematerialize their steps.
+
+Each level is a lifted `scan` (so the loop engine and its checkpoint policies
+are `lift.loops`'s); `policy` is the `jax.checkpoint` policy of each step.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from flax.core import meta
+
+from lift import errors, loops
+from lift.filters import Filter
+from lift.scan import build_scan, ScanConfig
+from lift.vmap import check_split_rngs, check_variable_axes
+
+_BAD_LENGTHS = (
+    'remat_scan: lengths={lengths!r} is not a non-empty sequence of positive '
+    'ints. Each entry is the number of steps of one nesting level; the body runs '
+    'prod(lengths) times. Fix: e.g. lengths=(4, 4) for 16 steps.')
+
+
+def _carry_only_step(body_fn: Callable[..., Any], scope: Any, carry: Any) -> tuple[Any, tuple]:
+  return body_fn(scope, carry), ()
+
+
+def _carry_only(loop: Callable[..., Any], scope: Any, carry: Any) -> Any:
+  return loop(scope, carry)[0]
+
+
+def _inner_metadata(metadata_params: Mapping[Any, Any]) -> dict[Any, Any]:
+  # Only the outermost level names its axis: a mesh axis may appear once in a
+  # PartitionSpec, so inner levels add an unnamed (None) axis.
+  params = dict(metadata_params)
+  if meta.PARTITION_NAME in params:
+    params[meta.PARTITION_NAME] = None
+  return params
+
+
+class _Rules(NamedTuple):
+  """The variable and rng rules that every level of a `remat_scan` shares."""
+  variable_axes: Mapping[Filter, int]
+  variable_broadcast: Filter
+  variable_carry: Filter
+  split_rngs: Mapping[Filter, bool]
+
+
+def _step_remat(policy: Callable[..., Any] | None) -> loops.ScanCheckpointPolicy:
+  """`remat_scan`'s `policy` (a `jax.checkpoint` policy, None saving nothing) for each step."""
+  return loops.ScanCheckpointPolicy(jax_policy=policy) if policy is not None else loops.resolve_remat('full')
+
+
+def _remat_level(body_fn, lengths: tuple[int, ...], policy, metadata_params, rules: _Rules):
+  if len(lengths) == 1:
+    step, remat = functools.partial(_carry_only_step, body_fn), False
+  else:
+    inner = _remat_level(body_fn, lengths[1:], policy, _inner_metadata(metadata_params), rules)
+    step, remat = functools.partial(_carry_only_step, inner), _step_remat(policy)
+  config = ScanConfig(tuple(rules.variable_axes.values()), tuple(rules.split_rngs.values()),
+                       0, 0, lengths[0], False, 1, None, dict(metadata_params), remat)
+  loop = build_scan(step, rules.variable_axes, rules.variable_broadcast,
+                     rules.variable_carry, rules.split_rngs, config)
+  return functools.partial(_carry_only, loop)
+
+
+def remat_scan(body_fn: Callable[..., Any], lengths: Sequence[int],
+               policy: Callable[..., Any] | None = None,
+               variable_broadcast: Filter = False, variable_carry: Filter = False,
+               variable_axes: Mapping[Filter, int] = {True: 0},  # noqa: B006
+               split_rngs: Mapping[Filter, bool] = {True: True},  # noqa: B006
+               metadata_params: Mapping[Any, Any] = {}) -> Callable[..., Any]:  # noqa: B006
+  """``body_fn(scope, carry) -> carry`` repeated ``prod(lengths)`` times as nested scans.
+
+  Level ``k`` scans ``lengths[k]`` steps of level ``k + 1``; every level but
+  the innermost rematerializes its steps (``jax.checkpoint`` with ``policy``),
+  so the backward pass keeps about ``sum(lengths)`` carries instead of
+  ``prod(lengths)``. Variables with an axis get one axis per level, outermost
+  first: a kernel of ``lengths=(2, 3)`` has shape ``(2, 3, in, out)``.
+  ``metadata_params`` names the outermost axis; inner axes get None.
+
+  Not when the steps need scanned inputs or outputs: use ``scan(remat=...)``.
+
+  >>> def layer(scope, x):
+  ...   w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1],) * 2)
+  ...   return jax.numpy.tanh(x @ w)
+  >>> y, variables = init(remat_scan(layer, lengths=(2, 3)))(jax.random.key(0), jax.numpy.ones((1, 4)))
+  >>> variables['params']['w'].shape
+  (2, 3, 4, 4)
+  """
+  lengths = tuple(lengths) if isinstance(lengths, Sequence) else lengths
+  if not (isinstance(lengths, tuple) and lengths and all(
+      isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths)):
+    raise errors.InvalidAxisError(_BAD_LENGTHS.format(lengths=lengths))
+  check_variable_axes('remat_scan', variable_axes, allow_none=False)
+  check_split_rngs('remat_scan', split_rngs)
+  rules = _Rules(variable_axes, variable_broadcast, variable_carry, split_rngs)
+  return _remat_level(body_fn, lengths, policy, metadata_params, rules)
+
+
+__all__ = ['remat_scan']
