@@ -179,6 +179,14 @@ def hand_written(params: dict[str, Any], x: jax.Array, heads: int) -> jax.Array:
   return jax.lax.scan(lambda h, p: (block(h, p, heads), None), x, params["params"])[0]
 
 
+def hand_written_per_layer(params: dict[str, Any], x: jax.Array, heads: int) -> jax.Array:
+  """`hand_written` on per-layer parameters (``layers_0``, ...), stacked on every call."""
+  layers = params["params"]
+  trees = [layers[f"layers_{i}"] for i in range(len(layers))]
+  return hand_written({"params": jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)},
+                      x, heads)
+
+
 class Variant(NamedTuple):
   """One way to loop the layers: its loss, and its parameters from the stacked ones."""
   loss: Callable[[Any, jax.Array], jax.Array]
@@ -207,4 +215,6 @@ def variants(depth: int, cfg: Config) -> dict[str, Variant]:
       "flax.linen.scan": Variant(_module_loss(FlaxScan(cfg, depth)), _at_layers),
       "lax.scan": Variant(lambda p, x: mean_square(hand_written(p, x, cfg.heads)),
                           lambda stacked: {"params": stacked}),
+      "stack+lax.scan": Variant(
+          lambda p, x: mean_square(hand_written_per_layer(p, x, cfg.heads)), _per_layer),
   }

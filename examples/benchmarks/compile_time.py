@@ -1,16 +1,17 @@
 """Trace and compile time of a Transformer training step, by how its layers are looped.
 
-Six variants of the same pre-LN block stack (`_transformer.py`: d_model 256, 4
-heads, MLP 1024, seq 128, batch 8) are compared at each depth: an unrolled
+Seven variants of the same pre-LN block stack (`_transformer.py`: d_model 256,
+4 heads, MLP 1024, seq 128, batch 8) are compared at each depth: an unrolled
 Python loop of linen_ext blocks, `nn.Stacked`, `nn.scan_layers`, `nn.scan`
-(the lifted `lift.scan`), `flax.linen.scan`, and a hand-written `lax.scan`
-over stacked parameters. For each, a fresh `jax.jit(value_and_grad(loss))` is
+(the lifted `lift.scan`), `flax.linen.scan`, a hand-written `lax.scan` over
+stacked parameters, and the same over per-layer parameters stacked in the
+step (`stack+lax.scan`, the hand-written form of what `scan_layers` does). For each, a fresh `jax.jit(value_and_grad(loss))` is
 traced (`.trace`, then `.lower`) and compiled (`.compile`), each stage timed
 separately, on abstract parameters (nothing runs). Variants are interleaved
 and repeated; the table shows medians. Prints a table and ratios and writes
 a PNG.
 
-    python examples/benchmarks/compile_time.py                    # depths 4..64
+    python examples/benchmarks/compile_time.py                    # depths 4..64, ~10 min on 2 cores
     python examples/benchmarks/compile_time.py --depths 4 16 --repeats 1
 """
 from __future__ import annotations
@@ -51,32 +52,34 @@ def median(timings: list[Timing]) -> Timing:
 
 
 def run(depths: list[int], names: list[str], repeats: int, unrolled_repeats: int,
-        cfg: Config) -> dict[str, dict[int, Timing]]:
+        cfg: Config, report: bool = True) -> dict[str, dict[int, Timing]]:
   """Median timings per variant and depth; within a depth the variants take turns."""
   x = jax.ShapeDtypeStruct((cfg.batch, cfg.seq, cfg.d_model), jnp.float32)
   results: dict[str, dict[int, Timing]] = {name: {} for name in names}
   for depth in depths:
     stacked = jax.eval_shape(lambda: init_params(jax.random.key(0), depth, cfg))
-    loops = variants(depth, cfg)
+    by_name = variants(depth, cfg)
     seen: dict[str, list[Timing]] = {name: [] for name in names}
     for rep in range(repeats):
       order = names[rep % len(names):] + names[:rep % len(names)]
       for name in order:
         if name == "unrolled" and rep >= unrolled_repeats:
           continue
-        seen[name].append(measure(loops[name], stacked, x))
+        seen[name].append(measure(by_name[name], stacked, x))
     for name in names:
       results[name][depth] = median(seen[name])
       t = results[name][depth]
-      print(f"{name:<16} {depth:>5} {t.trace:>8.2f} {t.compile:>9.2f} {t.total:>8.2f}"
-            f"   (n={len(seen[name])})", flush=True)
+      if report:
+        print(f"{name:<16} {depth:>5} {t.trace:>8.2f} {t.compile:>9.2f} {t.total:>8.2f}"
+              f"   (n={len(seen[name])})", flush=True)
   return results
 
 
 def print_ratios(results: dict[str, dict[int, Timing]], depths: list[int]) -> None:
   pairs = [("unrolled", "Stacked"), ("unrolled", "scan_layers"), ("Stacked", "lax.scan"),
-           ("scan_layers", "lax.scan"), ("nn.scan", "lax.scan"), ("flax.linen.scan", "lax.scan"),
-           ("Stacked", "flax.linen.scan"), ("scan_layers", "flax.linen.scan")]
+           ("scan_layers", "lax.scan"), ("scan_layers", "stack+lax.scan"),
+           ("nn.scan", "lax.scan"), ("flax.linen.scan", "lax.scan"),
+           ("Stacked", "flax.linen.scan")]
   pairs = [(a, b) for a, b in pairs if a in results and b in results]
   print("\ntotal (trace + compile) ratios")
   print(f"{'depth':>5} " + " ".join(f"{a + ' / ' + b:>30}" for a, b in pairs))
@@ -89,6 +92,7 @@ def plot(results: dict[str, dict[int, Timing]], depths: list[int], path: str) ->
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+  import matplotlib.ticker
   fig, (total_ax, trace_ax) = plt.subplots(1, 2, figsize=(11, 4))
   for name, by_depth in results.items():
     total_ax.plot(depths, [by_depth[d].total for d in depths], "o-", label=name)
@@ -98,6 +102,7 @@ def plot(results: dict[str, dict[int, Timing]], depths: list[int], path: str) ->
   trace_ax.set(xlabel="depth (blocks)", ylabel="seconds", title="trace + lower only",
                xscale="log", yscale="log")
   for ax in (total_ax, trace_ax):
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xticks(depths, [str(d) for d in depths])
   total_ax.legend(fontsize=8)
   fig.tight_layout()
@@ -109,7 +114,7 @@ def main() -> None:
   parser.add_argument("--depths", type=int, nargs="+", default=[4, 8, 16, 32, 64])
   parser.add_argument("--variants", nargs="+", default=None,
                       help="subset of: " + ", ".join(variants(1, Config())))
-  parser.add_argument("--repeats", type=int, default=3, help="timed compilations per variant")
+  parser.add_argument("--repeats", type=int, default=2, help="timed compilations per variant")
   parser.add_argument("--unrolled-repeats", type=int, default=1,
                       help="timed compilations of the unrolled loop (slow at depth)")
   parser.add_argument("--plot", default="compile_time.png", help="where to write the PNG")
@@ -119,7 +124,7 @@ def main() -> None:
   print(f"{cfg}, backend {jax.default_backend()}, jax {jax.__version__}, "
         f"median of {args.repeats} (unrolled: {args.unrolled_repeats})")
   print(f"{'variant':<16} {'depth':>5} {'trace s':>8} {'compile s':>9} {'total s':>8}")
-  run([1], ["lax.scan"], 1, 0, cfg)  # warm-up: the first compilation of a process is slower
+  run([1], ["lax.scan"], 1, 0, cfg, report=False)  # warm-up: the first compilation of a process is slower
   results = run(args.depths, names, args.repeats, args.unrolled_repeats, cfg)
   print_ratios(results, args.depths)
   plot(results, args.depths, args.plot)

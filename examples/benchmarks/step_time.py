@@ -1,8 +1,9 @@
 """Steady-state time of a Transformer training step, by how its layers are looped.
 
 The variants of `compile_time.py` (unrolled linen_ext loop, `nn.Stacked`,
-`nn.scan_layers`, `nn.scan`, `flax.linen.scan`, hand-written `lax.scan`), all on
-the same parameters converted between layouts. Each jitted
+`nn.scan_layers`, `nn.scan`, `flax.linen.scan`, hand-written `lax.scan` over
+stacked parameters and over per-layer parameters stacked on every call), all
+on the same parameters converted between layouts. Each jitted
 `value_and_grad(loss)` is compiled and checked against the hand-written one
 (loss and gradients), then the variants take turns: every round times one
 step of each, in a rotating order, so that load from other processes hits
@@ -26,7 +27,7 @@ import linen_ext as nn
 
 def max_grad_difference(grads, reference, name: str) -> float:
   """Largest absolute difference to the hand-written gradients, in their stacked layout."""
-  if name in ("unrolled", "scan_layers"):
+  if name in ("unrolled", "scan_layers", "stack+lax.scan"):
     grads = nn.layers_to_stacked(grads)
   elif name != "lax.scan":
     grads = {"params": grads["params"]["layers"]}
