@@ -119,7 +119,38 @@ def _vmap_step(make_block, fn, layer_args: LayerArgs, scope, x, rows):
   return fn(make_block(scope), x, *args, **kwargs)
 
 
-class Stacked(Module):
+class _LayerStack(Module):
+  """The calling interface `Stacked` and `BlockSeq` share; each defines ``_loop``."""
+
+  def __call__(self, x: Any, *args, **kwargs) -> Any:
+    """Same as ``fold``."""
+    return self._loop(_call_block, 'fold', x, *args, **kwargs)
+
+  def fold(self, x: Any, *args, **kwargs) -> Any:
+    """``x = block_i(x, *args)`` for each layer i; returns the last ``x``."""
+    return self._loop(_call_block, 'fold', x, *args, **kwargs)
+
+  def scan(self, x: Any, *args, **kwargs) -> tuple[Any, Any]:
+    """``x, out_i = block_i(x, *args)`` for each layer; returns ``(x, outs)`` (outs stacked)."""
+    return self._loop(_call_block, 'scan', x, *args, **kwargs)
+
+  def vmap(self, x: Any, *args, **kwargs) -> Any:
+    """Every layer on the same ``x``; outputs stacked along a new axis 0."""
+    return self._loop(_call_block, 'vmap', x, *args, **kwargs)
+
+  def fold_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fold`` with ``fn(block, carry, *args) -> carry`` in place of calling the block.
+
+    >>> y = stack.fold_via(lambda block, x, mask: block.decode(x, mask))(x, mask)
+    """
+    return functools.partial(self._loop, fn, 'fold')
+
+  def scan_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``scan`` with ``fn(block, carry, *args) -> (carry, out)``."""
+    return functools.partial(self._loop, fn, 'scan')
+
+
+class Stacked(_LayerStack):
   """``length`` copies of a block with stacked variables, run as one loop (`lift.scan`).
 
   The block's variables get a leading layer axis, at the stack's own path:
@@ -168,32 +199,9 @@ class Stacked(Module):
     object.__setattr__(self, 'block_kwargs', _frozen(self.block_kwargs))
     super().__post_init__()
 
-  def __call__(self, x: Any, *args, **kwargs) -> Any:
-    """Same as ``fold``."""
-    return self._loop(_call_block, 'fold', x, *args, **kwargs)
-
-  def fold(self, x: Any, *args, **kwargs) -> Any:
-    """``x = block_i(x, *args)`` for each layer i, as one loop; returns the last ``x``."""
-    return self._loop(_call_block, 'fold', x, *args, **kwargs)
-
-  def scan(self, x: Any, *args, **kwargs) -> tuple[Any, Any]:
-    """``x, out_i = block_i(x, *args)`` for each layer; returns ``(x, outs)`` (outs stacked)."""
-    return self._loop(_call_block, 'scan', x, *args, **kwargs)
-
   def vmap(self, x: Any, *args, **kwargs) -> Any:
     """Every layer on the same ``x``, in parallel; outputs stacked along a new axis 0."""
     return self._vmapped(_call_block, x, self._layer_args(args, kwargs))
-
-  def fold_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fold`` with ``fn(block, carry, *args) -> carry`` in place of calling the block.
-
-    >>> y = stack.fold_via(lambda block, x, mask: block.decode(x, mask))(x, mask)
-    """
-    return functools.partial(self._loop, fn, 'fold')
-
-  def scan_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``scan`` with ``fn(block, carry, *args) -> (carry, out)``."""
-    return functools.partial(self._loop, fn, 'scan')
 
   def unstacked(self) -> tuple[Module, ...]:
     """Read-only per-layer views: layer i's block bound to row i of the variables.
@@ -269,7 +277,7 @@ def _segments(length: int, nested: bool | int) -> list[range]:
   return [range(int(start), int(stop)) for start, stop in zip(starts[:-1], starts[1:])]
 
 
-class BlockSeq(Module):
+class BlockSeq(_LayerStack):
   """Layers run one after another in Python, with the interface of `Stacked`.
 
   ``BlockSeq(Block, 4, block_kwargs=...)`` makes four blocks,
@@ -323,30 +331,6 @@ class BlockSeq(Module):
   @property
   def _blocks(self) -> tuple[Module, ...]:
     return self.blocks if is_module_class(self.layers) else tuple(self.layers)
-
-  def __call__(self, x: Any, *args, **kwargs) -> Any:
-    """Same as ``fold``."""
-    return self._loop(_call_block, 'fold', x, *args, **kwargs)
-
-  def fold(self, x: Any, *args, **kwargs) -> Any:
-    """``x = block_i(x, *args)`` for each layer i; returns the last ``x``."""
-    return self._loop(_call_block, 'fold', x, *args, **kwargs)
-
-  def scan(self, x: Any, *args, **kwargs) -> tuple[Any, Any]:
-    """``x, out_i = block_i(x, *args)`` for each layer; returns ``(x, outs)`` (outs stacked)."""
-    return self._loop(_call_block, 'scan', x, *args, **kwargs)
-
-  def vmap(self, x: Any, *args, **kwargs) -> Any:
-    """Every layer on the same ``x``; outputs stacked along a new axis 0."""
-    return self._loop(_call_block, 'vmap', x, *args, **kwargs)
-
-  def fold_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fold`` with ``fn(block, carry, *args) -> carry`` in place of calling the block."""
-    return functools.partial(self._loop, fn, 'fold')
-
-  def scan_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``scan`` with ``fn(block, carry, *args) -> (carry, out)``."""
-    return functools.partial(self._loop, fn, 'scan')
 
   def unstacked(self) -> tuple[Module, ...]:
     """The blocks themselves (bound: calling one runs that layer)."""
