@@ -21,3 +21,13 @@ def counter(scope, x):
   count = scope.variable('counter', 'count', lambda: jnp.zeros((), jnp.int32))
   count.value = count.value + 1
   return x
+
+
+def assert_trees_close(a, b, **tolerances):
+  """Same tree structure, leaves equal to rtol 1e-5 / atol 1e-6 unless overridden."""
+  import functools
+
+  import numpy as np
+  tolerances = {'rtol': 1e-5, 'atol': 1e-6, **tolerances}
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  jax.tree.map(functools.partial(np.testing.assert_allclose, **tolerances), a, b)

@@ -1,5 +1,4 @@
 """Lifted vjp, jvp, value_and_grad and custom_vjp: JAX's autodiff on the explicit variables."""
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -10,15 +9,10 @@ from flax.core import apply as flax_apply, lift as flax_lift
 import lift
 from lift import errors
 
-from tests.scope_models import counter, dense
+from tests.scope_models import assert_trees_close, counter, dense
 
 X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
 RNGS = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
-
-
-def assert_trees_close(a, b):
-  assert jax.tree.structure(a) == jax.tree.structure(b)
-  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6), a, b)
 
 
 def layer(scope, x):

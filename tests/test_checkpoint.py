@@ -1,5 +1,4 @@
 """Lifted checkpoint/remat: the values, variables, rng draws and gradients of no remat."""
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +9,7 @@ from flax.core import init as flax_init, lift as flax_lift
 import lift
 from lift import errors
 
-from tests.scope_models import counter, dense, mlp
+from tests.scope_models import assert_trees_close, counter, dense, mlp
 
 X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
 RNGS = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
@@ -21,11 +20,6 @@ def noisy_mlp(scope, x, remat):
   h = wrap(mlp)(scope.push('body'), x)
   noise = wrap(lambda s, h: h + jax.random.normal(s.make_rng('dropout'), h.shape))(scope, h)
   return jnp.sum(noise ** 2)
-
-
-def assert_trees_close(a, b, **kw):
-  assert jax.tree.structure(a) == jax.tree.structure(b)
-  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6, **kw), a, b)
 
 
 def test_remat_equals_no_remat_values_variables_and_rngs():

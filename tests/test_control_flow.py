@@ -1,5 +1,4 @@
 """Lifted cond, switch and while_loop: lax control flow on the explicit variables."""
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -12,15 +11,10 @@ import lift
 from lift import errors
 from lift.rng import fold_in_static
 
-from tests.scope_models import counter, dense
+from tests.scope_models import assert_trees_close, counter, dense
 
 X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
 RNGS = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
-
-
-def assert_trees_close(a, b):
-  assert jax.tree.structure(a) == jax.tree.structure(b)
-  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6), a, b)
 
 
 def count_in(scope, name):

@@ -1,5 +1,4 @@
 """Lifted jit: no-jit values and rng draws, one trace per structure; and fold_rngs."""
-import functools
 import sys
 
 import jax
@@ -13,15 +12,10 @@ from lift import errors
 from lift._jit_rngs import static_hash
 from lift.rng import fold_in_static
 
-from tests.scope_models import counter, dense
+from tests.scope_models import assert_trees_close, counter, dense
 
 X = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
 RNGS = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
-
-
-def assert_trees_close(a, b):
-  assert jax.tree.structure(a) == jax.tree.structure(b)
-  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6), a, b)
 
 
 class Traced:
