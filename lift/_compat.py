@@ -70,3 +70,34 @@ def define_primitive_rules(prim: Primitive, *, impl, abstract_eval, jvp,
 
   _ad.primitive_jvps[prim] = dense_jvp
   _batching.primitive_batchers[prim] = batch
+
+
+def define_linear_primitive(prim: Primitive, *, impl, lowering, abstract_eval,
+                            transpose, batch, multiple_results: bool) -> None:
+  """Registers the rules of a primitive that is linear in all its operands.
+
+  Its JVP applies `prim` to the tangents. `transpose(cotangent, *operands,
+  **params)` receives a dense cotangent (a list for `multiple_results`) and
+  `ad.UndefinedPrimal` operands; it returns one cotangent or None per
+  operand. `lowering` is traced into the compiled program; `impl` runs
+  eagerly.
+  """
+  prim.multiple_results = multiple_results
+  prim.def_impl(impl)
+  prim.def_abstract_eval(abstract_eval)
+  _mlir.register_lowering(prim, _mlir.lower_fun(lowering, multiple_results=multiple_results))
+
+  def dense_transpose(cotangent, *operands, **params):
+    if multiple_results:
+      cotangent = [_ad.instantiate_zeros(c) for c in cotangent]
+    else:
+      cotangent = _ad.instantiate_zeros(cotangent)
+    return transpose(cotangent, *operands, **params)
+
+  _ad.deflinear2(prim, dense_transpose)
+  _batching.primitive_batchers[prim] = batch
+
+
+def is_undefined_primal(x) -> bool:
+  """Whether `x` is an operand being transposed (not a known value)."""
+  return _ad.is_undefined_primal(x)

@@ -34,6 +34,7 @@ import numpy as np
 from lift import loops
 from lift._counters import advance, zeroed
 from lift._jit_rngs import Tape, draw_hashes, has_tape_streams, tape_streams
+from lift.loops.stacking import stack_rows, unstack_rows
 from lift.pack import pack
 from lift.rng import RngCounters
 
@@ -134,7 +135,7 @@ def _loop_groups(first: Module, layer_args: LayerArgs, remat: Any, counters: lis
   n = len(layer_variables)
   step = _LayerStep(first, layer_args, scope_fn, repack_fn, n, counters[0])
   keys = stack_trees([{name: s.key for name, s in rngs.items()} for rngs in layer_rngs])
-  xs = LayerInputs(stack_trees(layer_variables), keys, np.zeros((n, 1), np.uint32),
+  xs = LayerInputs(stack_rows(layer_variables), keys, np.zeros((n, 1), np.uint32),
                    layer_args.rows)
   jax.eval_shape(step, x, _step_shapes(xs))
   step.draws, increments = step.recorded
@@ -143,7 +144,8 @@ def _loop_groups(first: Module, layer_args: LayerArgs, remat: Any, counters: lis
   carry, outs = loops.run_scan(step, x, xs, remat=remat)
   for node in counters:
     advance(node, increments)
-  return carry, (tuple(row(outs, i) for i in range(n)),)
+  rows = unstack_rows(outs) if jax.tree.leaves(outs) else [outs] * n  # no leaves: no axis
+  return carry, (tuple(rows),)
 
 
 def _unrolled(layers: tuple[Module, ...], layer_args: LayerArgs, x: Any) -> Any:

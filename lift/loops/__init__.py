@@ -9,6 +9,7 @@ from lift.loops.engine import run_scan, scan_length
 from lift.loops.nested import BlockPlan, plan_blocks
 from lift.loops.policies import (OffloadFallbackWarning, ScanCheckpointPolicy,
                                  checkpoint_name, resolve_remat)
+from lift.loops.stacking import stack_rows, unstack_rows
 from lift.loops.taps import scan_taps
 
 __all__ = [
@@ -24,4 +25,6 @@ __all__ = [
     "scan",
     "scan_length",
     "scan_taps",
+    "stack_rows",
+    "unstack_rows",
 ]
