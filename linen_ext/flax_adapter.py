@@ -9,10 +9,11 @@ the flax module shares. So:
   from under ``p`` coming out (mutated collections are written back to ``S``);
 * its rng keys are a native flax model's: our stream at ``S`` is the raw key
   plus suffix ``p`` (the path, unless ``fold_rngs`` cut it; the flax tree is
-  built along the suffix), and flax derives ``fold_in(key, hash(p + names +
-  counter))`` from the raw key and the same names. Later calls of the same
-  instance get ``S``'s draw number k (k >= 2) as their key: fresh, but not
-  Flax's value;
+  built along the suffix), flax derives ``fold_in(key, hash(p + names +
+  counter))`` from the raw key and the same names, and the draw counters of
+  ``S`` and of everything below it go into flax's scope before the call and
+  come back after it. Later calls, and the retraces of lifted transforms
+  (``scan``'s pre-pass, ``jit``), continue the counts as a native module does;
 * inside ``init`` the flag ``is_initializing()`` holds (flax's ``init``), and the
   variables created so far are put back first, so a second call reuses them;
 * mutability is ``S``'s filter, so ``batch_stats`` follow ``apply(mutable=...)``
@@ -27,6 +28,7 @@ from typing import Any
 import flax.linen as flax_nn
 
 from lift.filters import DenyList, Filter, union_filters
+from lift.rng import RngCounters
 from lift.scope import Scope, copy_structure
 
 from linen_ext import errors
@@ -42,6 +44,7 @@ class FlaxCall:
   args: tuple
   kwargs: dict
   existing: dict  # variables put at the target's scope first (init only)
+  counters: RngCounters | None  # the draw counts at the target's scope; None: flax's own
 
 
 class _Leaf(flax_nn.Module):
@@ -55,7 +58,15 @@ class _Leaf(flax_nn.Module):
     for col, tree in call.existing.items():
       for name, value in tree.items():
         self.scope.put_variable(col, name, value)
-    return getattr(self.adapted_flax_module, call.method)(*call.args, **call.kwargs)
+    if call.counters is None:
+      return getattr(self.adapted_flax_module, call.method)(*call.args, **call.kwargs)
+    # flax keeps a scope's counts in a dict: {stream: count, (token, child): {...}}.
+    flax_counters = self.scope.rng_counters
+    _to_flax_counters(call.counters, flax_counters, _child_token(self.scope))
+    try:
+      return getattr(self.adapted_flax_module, call.method)(*call.args, **call.kwargs)
+    finally:
+      _from_flax_counters(flax_counters, call.counters)
 
 
 class _Path(flax_nn.Module):
@@ -108,13 +119,39 @@ def _flax_path(scope: Scope) -> tuple[str, ...]:
   return scope.path
 
 
-def _flax_key(scope: Scope, stream_name: str, path: tuple[str, ...]) -> Any:
-  """The first call gets the raw key (flax then derives native keys); later ones a fresh draw."""
-  stream = scope.rngs[stream_name]
-  call = scope.rng_counters.next(stream_name)
-  if call == 1 and stream.suffix == path:
-    return stream.key
-  return stream.draw(call)
+def _child_token(scope: Any) -> Any:
+  """The marker flax puts before a child's name in its counter dicts (seen on the parent)."""
+  parent = scope.parent
+  keys = parent.rng_counters if parent is not None else {}
+  return next((key[0] for key in keys if isinstance(key, tuple)), None)
+
+
+def _to_flax_counters(node: RngCounters, counters: dict, token: Any) -> None:
+  counters.update(node.counts)
+  if token is None:
+    return
+  for name, child in node.children.items():
+    _to_flax_counters(child, counters.setdefault((token, name), {}), token)
+
+
+def _from_flax_counters(counters: dict, node: RngCounters) -> None:
+  for key, value in counters.items():
+    if isinstance(key, tuple):
+      _from_flax_counters(value, node.child(key[1]))
+    else:
+      node.counts[key] = value
+
+
+def _native_rngs(scope: Scope, path: tuple[str, ...]) -> bool:
+  """Whether flax, given the raw keys at ``path``, derives exactly our keys at ``scope``."""
+  return bool(scope.rngs) and all(s.suffix == path for s in scope.rngs.values())
+
+
+def _flax_keys(scope: Scope, native: bool) -> dict[str, Any]:
+  """The raw keys (flax derives native keys from them); else one fresh draw per stream."""
+  if native:
+    return {name: stream.key for name, stream in scope.rngs.items()}
+  return {name: stream.draw(scope.rng_counters.next(name)) for name, stream in scope.rngs.items()}
 
 
 def _capture_filter():
@@ -132,9 +169,11 @@ def run_flax(scope: Scope, target: flax_nn.Module, method: str, args: tuple,
   """
   path = _flax_path(scope)
   existing = {col: copy_structure(tree) for col, tree in scope.variables().items()}
-  rngs = {name: _flax_key(scope, name, path) for name in scope.rngs}
+  native = _native_rngs(scope, path)
+  rngs = _flax_keys(scope, native)
   initializing = bool(scope.get_flag('initializing', False))
-  call = FlaxCall(target, method, args, kwargs, existing if initializing else {})
+  call = FlaxCall(target, method, args, kwargs, existing if initializing else {},
+                  scope.rng_counters if native else None)
   root = _Path(path) if path else _Leaf(target)
   capture = _capture_filter()
   if initializing:

@@ -56,14 +56,10 @@ LAYERS = {
     'MultiHeadDotProductAttention': lambda nn: nn.MultiHeadDotProductAttention(
         num_heads=2, qkv_features=4, dropout_rate=0.5, deterministic=False),
 }
-# Wrapped flax layers that draw rngs on every call match flax on the first call only.
-ONE_CALL = {'MultiHeadDotProductAttention'}
-
-
 @pytest.mark.parametrize('name', sorted(LAYERS))
 def test_ready_made_layer_matches_flax(name):
-  calls = 1 if name in ONE_CALL else 2
-  variables = check(lambda nn: in_parent(nn, LAYERS[name], calls), X, mutable=['batch_stats'])
+  """Two calls of one layer: the second continues the draw counts of its scope and children."""
+  variables = check(lambda nn: in_parent(nn, LAYERS[name], 2), X, mutable=['batch_stats'])
   assert variables.get('params', {}).keys() <= {f'{name}_0'}
 
 
@@ -178,6 +174,26 @@ def test_from_flax_inside_vmap_and_scan_matches_flax_transforms():
     return Model()
 
   check(make, X, mutable=['batch_stats'])
+
+
+def test_from_flax_inside_scan_with_split_rngs_draws_flax_keys():
+  """nn.scan traces its step twice; the wrapped layers' counters continue as flax's do."""
+  def make(nn):
+    class Step(nn.Module):
+      @nn.compact
+      def __call__(self, c, _):
+        return c + wrap(nn, FlaxBlock())(c), None
+
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        stack = nn.scan(Step, variable_axes={'params': 0, 'batch_stats': 0},
+                        split_rngs={'params': True, 'dropout': True}, length=3)
+        return stack()(x, None)[0]
+    return Model()
+
+  variables = check(make, X, mutable=['batch_stats'])
+  assert variables['params']['ScanStep_0']['FlaxBlock_0']['Dense_0']['kernel'].shape[0] == 3
 
 
 def _cell(nn):

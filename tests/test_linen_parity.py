@@ -1,8 +1,8 @@
 """Parity with flax.linen: each model is written once, as a function of the ``nn`` namespace.
 
 For every model: the same variable tree (paths, shapes, dtypes) and the same
-outputs when both libraries apply the same variables; for models without scan
-or jit, also the same initial values for the same key.
+outputs when both libraries apply the same variables; for models without jit,
+also the same initial values for the same key.
 """
 import functools
 
@@ -203,8 +203,9 @@ def nested_transforms(nn):
 MODELS = [mlp, cnn, lstm, transformer_block, batchnorm_dropout, ensemble, scanned_layers,
           remat_block, jitted_block, tied_autoencoder, setup_submodules, gru_unrolled,
           nested_transforms]
-SAME_INIT_VALUES = {mlp, cnn, transformer_block, batchnorm_dropout, ensemble, remat_block,
-                    tied_autoencoder, setup_submodules, gru_unrolled}
+SAME_INIT_VALUES = {mlp, cnn, lstm, transformer_block, batchnorm_dropout, ensemble,
+                    scanned_layers, remat_block, tied_autoencoder, setup_submodules,
+                    gru_unrolled}
 
 
 def signature(variables):
