@@ -5,9 +5,11 @@ Seven variants of the same pre-LN block stack (`_transformer.py`: d_model 256,
 Python loop of linen_ext blocks, `nn.Stacked`, `nn.scan_layers`, `nn.scan`
 (the lifted `lift.scan`), `flax.linen.scan`, a hand-written `lax.scan` over
 stacked parameters, and the same over per-layer parameters stacked in the
-step (`stack+lax.scan`, the hand-written form of what `scan_layers` does). For each, a fresh `jax.jit(value_and_grad(loss))` is
-traced (`.trace`, then `.lower`) and compiled (`.compile`), each stage timed
-separately, on abstract parameters (nothing runs). Variants are interleaved
+step with `jnp.stack` (`stack+lax.scan`: the per-layer layout written by
+hand; `scan_layers` stacks with `lift.loops.stack_rows` instead). For each, a
+fresh `jax.jit(value_and_grad(loss))` is traced (`.trace`, then `.lower`) and
+compiled (`.compile`), each stage timed separately, on abstract parameters
+(nothing runs). Variants are interleaved
 and repeated; the table shows medians. Prints a table and ratios and writes
 a PNG.
 
