@@ -13,7 +13,9 @@ the flax module shares. So:
   counter))`` from the raw key and the same names, and the draw counters of
   ``S`` and of everything below it go into flax's scope before the call and
   come back after it. Later calls, and the retraces of lifted transforms
-  (``scan``'s pre-pass, ``jit``), continue the counts as a native module does;
+  (``scan``'s pre-pass), continue the counts as a native module does. Where
+  the suffix is not a path (inside ``lift.jit``), flax gets one fresh draw of
+  each stream per call instead: never a repeated key, but not flax's;
 * inside ``init`` the flag ``is_initializing()`` holds (flax's ``init``), and the
   variables created so far are put back first, so a second call reuses them;
 * mutability is ``S``'s filter, so ``batch_stats`` follow ``apply(mutable=...)``
