@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os as _os
 
+import numpy as _np
+
 from jax._src import traceback_util as _traceback_util
 
 
@@ -23,6 +25,8 @@ from jax.extend.core import primitives as scan_primitives  # noqa: F401
 from jax.interpreters import ad as _ad
 from jax.interpreters import batching as _batching
 from jax.interpreters import mlir as _mlir
+from jax._src.interpreters import mlir as _mlir_internal
+from jax._src.lib.mlir.dialects import hlo as _hlo
 from jax._src import source_info_util as _source_info_util
 from jax._src.interpreters import partial_eval as _pe
 
@@ -73,29 +77,55 @@ def define_primitive_rules(prim: Primitive, *, impl, abstract_eval, jvp,
 
 
 def define_linear_primitive(prim: Primitive, *, impl, lowering, abstract_eval,
-                            transpose, batch, multiple_results: bool) -> None:
+                            transpose, batch) -> None:
   """Registers the rules of a primitive that is linear in all its operands.
 
-  Its JVP applies `prim` to the tangents. `transpose(cotangent, *operands,
-  **params)` receives a dense cotangent (a list for `multiple_results`) and
-  `ad.UndefinedPrimal` operands; it returns one cotangent or None per
-  operand. `lowering` is traced into the compiled program; `impl` runs
-  eagerly.
+  The primitive has multiple results. Its JVP applies `prim` to the
+  tangents. `transpose(cotangents, *operands, **params)` receives dense
+  cotangents and `ad.UndefinedPrimal` operands; it returns one cotangent or
+  None per operand. `lowering(ctx, *operands, **params)` is a lowering rule
+  emitting StableHLO (see `lower_dynamic_rows`); `impl` runs eagerly.
   """
-  prim.multiple_results = multiple_results
+  prim.multiple_results = True
   prim.def_impl(impl)
   prim.def_abstract_eval(abstract_eval)
-  _mlir.register_lowering(prim, _mlir.lower_fun(lowering, multiple_results=multiple_results))
+  _mlir.register_lowering(prim, lowering)
 
-  def dense_transpose(cotangent, *operands, **params):
-    if multiple_results:
-      cotangent = [_ad.instantiate_zeros(c) for c in cotangent]
-    else:
-      cotangent = _ad.instantiate_zeros(cotangent)
-    return transpose(cotangent, *operands, **params)
+  def dense_transpose(cotangents, *operands, **params):
+    return transpose([_ad.instantiate_zeros(c) for c in cotangents], *operands, **params)
 
   _ad.deflinear2(prim, dense_transpose)
   _batching.primitive_batchers[prim] = batch
+
+
+def lower_function(ctx, fn, avals_in, avals_out, *operands) -> list:
+  """Inside a lowering rule: the StableHLO values of ``fn(*operands)``, traced with JAX."""
+  sub = ctx.replace(avals_in=list(avals_in), avals_out=list(avals_out))
+  return list(_mlir.lower_fun(fn, multiple_results=True)(sub, *operands))
+
+
+def lower_dynamic_rows(ctx, aval, x, starts) -> list:
+  """Inside a lowering rule: row ``starts[i]`` of `x` (of abstract value `aval`), for each i.
+
+  A start is a StableHLO scalar value or a Python int (a constant).
+  """
+  sliced = aval.update(shape=(1,) + aval.shape[1:])
+  row = aval.update(shape=aval.shape[1:])
+  sub = ctx.replace(avals_in=[aval], avals_out=[sliced])
+  zero = _mlir_internal.ir_constant(_np.int32(0))
+  indices = lambda start: [_mlir_internal.ir_constant(_np.int32(start)) if isinstance(start, int)
+                           else start] + [zero] * len(row.shape)
+  return [_mlir_internal.reshape(sub, _mlir_internal.dynamic_slice(sub, sliced, x, start_indices=indices(start)),
+                        row)
+          for start in starts]
+
+
+def lower_stack(ctx, avals, rows):
+  """Inside a lowering rule: `rows` (of abstract values `avals`) stacked on a new axis 0."""
+  first = avals[0]
+  sub = ctx.replace(avals_in=list(avals), avals_out=[first.update(shape=(1,) + first.shape)])
+  expanded = [_mlir_internal.reshape(sub, r, sub.avals_out[0]) for r in rows]
+  return _hlo.concatenate(expanded, _mlir_internal.i64_attr(0))
 
 
 def is_undefined_primal(x) -> bool:

@@ -69,6 +69,11 @@ def test_vmap_of_stack_and_unstack():
   np.testing.assert_allclose(stacked, jax.vmap(lambda w: jnp.stack([w, fixed, w * 2]))(batch))
   middle = jax.vmap(lambda s: unstack_rows(s)[1], in_axes=2)(jnp.moveaxis(stacked, 0, 2))
   np.testing.assert_allclose(middle, jnp.broadcast_to(fixed, (2, 2, 3)))
+  tree = {'batched': jnp.moveaxis(stacked, 0, 2), 'fixed': jnp.arange(6.0).reshape(3, 2)}
+  rows = jax.vmap(unstack_rows, in_axes=({'batched': 2, 'fixed': None},))(tree)
+  for i, row in enumerate(rows):
+    np.testing.assert_allclose(row['batched'], stacked[:, i])
+    np.testing.assert_allclose(row['fixed'], jnp.broadcast_to(tree['fixed'][i], (2, 2)))
 
 
 def test_gradient_slices_read_runtime_row_indices():
@@ -81,6 +86,36 @@ def test_gradient_slices_read_runtime_row_indices():
   hlo = jax.jit(grad).lower(rows).as_text()
   assert hlo.count('stablehlo.dynamic_slice') == 4
   assert not re.search(r'stablehlo.slice .*tensor<1x8x8xf32>', hlo)
+
+
+def test_all_leaves_share_one_set_of_row_starts():
+  """One `stack_rows` and one `unstack_rows` per tree, and one sort for all its leaves."""
+  rows = _rows()
+  grad = jax.grad(_loss(stack_rows))
+  names = [e.primitive.name for e in jax.make_jaxpr(grad)(rows).jaxpr.eqns]
+  assert (names.count('stack_rows'), names.count('unstack_rows')) == (1, 1)
+  hlo = jax.jit(grad).lower(rows).as_text()
+  assert hlo.count('stablehlo.sort') == 1
+  assert hlo.count('stablehlo.dynamic_slice') == 8  # 4 rows of 'w' and 4 of 'b'
+
+
+def test_mixed_float_and_integer_leaves_differentiate():
+  """Integer leaves (float0 tangents) next to float ones: grad, jvp and forward-over-reverse."""
+  rows = [{'w': jnp.full((2,), 1.0 + i), 'n': jnp.array(i)} for i in range(3)]
+  reference = lambda r: jax.tree.map(lambda *xs: jnp.stack(xs), *r)
+  loss = lambda stack: lambda w: jnp.sum(
+      stack([{'w': wi, 'n': r['n']} for wi, r in zip(w, rows)])['w'] ** 3
+      * (stack(rows)['n'][:, None] + 1))
+  w = [r['w'] for r in rows]
+  t = [jnp.ones(2) * i for i in range(3)]
+  assert_trees_close(jax.grad(loss(stack_rows))(w), jax.grad(loss(reference))(w))
+  assert_trees_close(jax.jvp(loss(stack_rows), (w,), (t,)), jax.jvp(loss(reference), (w,), (t,)))
+  hvp = lambda stack: jax.jvp(jax.grad(loss(stack)), (w,), (t,))[1]
+  assert_trees_close(hvp(stack_rows), hvp(reference))
+  integer_tangents = [{'w': ti, 'n': np.zeros((), jax.dtypes.float0)} for ti in t]
+  tangent_out = jax.jvp(stack_rows, (rows,), (integer_tangents,))[1]
+  np.testing.assert_array_equal(tangent_out['w'], jnp.stack(t))
+  assert_trees_close(jax.jit(unstack_rows)(reference(rows))[2], rows[2])
 
 
 def test_integer_bool_and_key_leaves():

@@ -11,8 +11,10 @@ three times as long to compile as the whole loop.
 These two primitives are each other's transpose. `unstack_rows` reads row i
 with a dynamic slice whose start index XLA cannot treat as a constant (it is
 computed from the data, see `_row_starts`), so all rows of one shape share one
-kernel. Values, JVPs, gradients and batching are those of `jnp.stack` and of
-indexing.
+kernel; one set of start indices serves every leaf of a tree. Values, JVPs,
+gradients and batching are those of `jnp.stack` and of indexing. Integer,
+bool and key leaves (not differentiated, and small in practice) are stacked
+and indexed with `jnp.stack` and constant offsets.
 
 >>> rows = [jnp.full((2,), float(i)) for i in range(3)]
 >>> stacked = stack_rows(rows)
@@ -33,35 +35,50 @@ from lift import _compat
 
 stack_rows_p = _compat.Primitive('stack_rows')
 unstack_rows_p = _compat.Primitive('unstack_rows')
+# Both act on all float leaves of a tree at once, so that their rows share one
+# set of start indices: stack_rows_p.bind(*rows, rows_per_leaf=n) takes the n
+# rows of each leaf in turn and returns one stacked array per leaf;
+# unstack_rows_p.bind(*stacked) returns the n rows of each leaf in turn.
 
 
-def _row_starts(x: jax.Array) -> list[Any]:
-  """The start indices ``0, 1, ..., n-1`` of the rows of `x`, as values XLA cannot fold.
+def _row_starts(n: int, x: jax.Array) -> list[jax.Array]:
+  """The start indices ``0, 1, ..., n-1`` as values XLA cannot fold; `x` is a float array.
 
   Each is ``0 + i`` where the 0 is ``x[0, ...] > inf`` (false for every float,
   NaN included), and each comes out of its own operand of one sort, so no
   consumer kernel can embed its value. If a compiler ever folds the
   comparison, the slices get constant offsets again: slower to compile, same
-  values. Other dtypes keep constant offsets.
+  values.
   """
-  n = x.shape[0]
-  if not jnp.issubdtype(x.dtype, jnp.floating) or x.size == 0:
-    return list(range(n))
   zero = lax.convert_element_type(lax.gt(x.reshape(-1)[0], jnp.inf), np.int32)
   key = jnp.stack([zero, zero + 1])
-  starts = lax.sort((key,) + tuple(np.full((2,), i, np.int32) for i in range(n)),
-                    num_keys=1)[1:]
+  starts = lax.sort((key,) + tuple(np.full((2,), i, np.int32) for i in range(n)), num_keys=1)[1:]
   return [start[0] for start in starts]
 
 
-def _stack_lowering(*rows):
-  return lax.concatenate([lax.reshape(row, (1,) + row.shape) for row in rows], 0)
+def _lower_starts(ctx, n: int, stacked: Sequence[Any]) -> list[Any]:
+  """Runtime row starts taken from the first float operand; constants if there is none."""
+  for x, aval in zip(stacked, ctx.avals_in):
+    if jnp.issubdtype(aval.dtype, jnp.floating) and aval.size:
+      scalar = aval.update(shape=(), dtype=np.dtype(np.int32))
+      return _compat.lower_function(ctx, lambda x: _row_starts(n, x), [aval], [scalar] * n, x)
+  return list(range(n))
 
 
-def _unstack_lowering(x):
-  zeros = (0,) * (x.ndim - 1)
-  return [lax.reshape(lax.dynamic_slice(x, (start,) + zeros, (1,) + x.shape[1:]), x.shape[1:])
-          for start in _row_starts(x)]
+def _unstack_lowering(ctx, *stacked):
+  starts = _lower_starts(ctx, ctx.avals_in[0].shape[0], stacked)
+  return [row for x, aval in zip(stacked, ctx.avals_in)
+          for row in _compat.lower_dynamic_rows(ctx, aval, x, starts)]
+
+
+def _stack_lowering(ctx, *rows, rows_per_leaf):
+  n = rows_per_leaf
+  return [_compat.lower_stack(ctx, ctx.avals_in[i:i + n], rows[i:i + n])
+          for i in range(0, len(rows), n)]
+
+
+def _leaves(rows: Sequence[Any], n: int) -> list[Sequence[Any]]:
+  return [rows[i:i + n] for i in range(0, len(rows), n)]
 
 
 def _check_rows(rows):
@@ -73,47 +90,69 @@ def _check_rows(rows):
                       'and dtype.')
 
 
-def _stack_abstract_eval(*rows):
-  _check_rows(rows)
-  return rows[0].update(shape=(len(rows),) + rows[0].shape)
+def _stack_abstract_eval(*rows, rows_per_leaf):
+  leaves = _leaves(rows, rows_per_leaf)
+  for leaf in leaves:
+    _check_rows(leaf)
+  return [leaf[0].update(shape=(rows_per_leaf,) + leaf[0].shape) for leaf in leaves]
 
 
-def _unstack_abstract_eval(x):
-  return [x.update(shape=x.shape[1:])] * x.shape[0]
+def _unstack_abstract_eval(*stacked):
+  return [x.update(shape=x.shape[1:]) for x in stacked for _ in range(x.shape[0])]
 
 
-def _stack_transpose(cotangent, *rows):
-  cotangents = unstack_rows_p.bind(cotangent)
+def _stack_transpose(cotangents, *rows, rows_per_leaf):
+  leaves = [i for i, leaf in enumerate(_leaves(rows, rows_per_leaf))
+            if any(map(_compat.is_undefined_primal, leaf))]
+  split = iter(unstack_rows_p.bind(*(cotangents[i] for i in leaves)))
+  out = [[next(split) for _ in range(rows_per_leaf)] if i in leaves else [None] * rows_per_leaf
+         for i in range(len(cotangents))]
   return [ct if _compat.is_undefined_primal(row) else None
-          for ct, row in zip(cotangents, rows)]
+          for ct, row in zip((ct for leaf in out for ct in leaf), rows)]
 
 
-def _unstack_transpose(cotangents, x):
-  del x
-  return [stack_rows_p.bind(*cotangents)]
+def _unstack_transpose(cotangents, *stacked):
+  n = stacked[0].aval.shape[0]
+  leaves = [i for i, x in enumerate(stacked) if _compat.is_undefined_primal(x)]
+  merged = iter(stack_rows_p.bind(*(ct for i in leaves for ct in cotangents[i * n:(i + 1) * n]),
+                                  rows_per_leaf=n))
+  return [next(merged) if i in leaves else None for i in range(len(stacked))]
 
 
-def _stack_batch(rows, dims):
+def _stack_batch(rows, dims, rows_per_leaf):
   size = next(row.shape[dim] for row, dim in zip(rows, dims) if dim is not None)
   rows = [jnp.broadcast_to(row, (size,) + row.shape) if dim is None else jnp.moveaxis(row, dim, 0)
           for row, dim in zip(rows, dims)]
-  return stack_rows_p.bind(*rows), 1
+  stacked = stack_rows_p.bind(*rows, rows_per_leaf=rows_per_leaf)
+  return stacked, [1] * len(stacked)
 
 
-def _unstack_batch(args, dims):
-  (x,), (dim,) = args, dims
-  rows = unstack_rows_p.bind(jnp.moveaxis(x, dim, 1))
+def _unstack_batch(stacked, dims):
+  size = next(x.shape[dim] for x, dim in zip(stacked, dims) if dim is not None)
+  stacked = [jnp.moveaxis(x, dim, 1) if dim is not None
+             else jnp.broadcast_to(x[:, None], (x.shape[0], size) + x.shape[1:])
+             for x, dim in zip(stacked, dims)]
+  rows = unstack_rows_p.bind(*stacked)
   return rows, [0] * len(rows)
 
 
+def _stack_impl(*rows, rows_per_leaf):
+  return [jnp.stack(leaf) for leaf in _leaves(rows, rows_per_leaf)]
+
+
 _compat.define_linear_primitive(
-    stack_rows_p, impl=lambda *rows: jnp.stack(rows), lowering=_stack_lowering,
-    abstract_eval=_stack_abstract_eval, transpose=_stack_transpose, batch=_stack_batch,
-    multiple_results=False)
+    stack_rows_p, impl=_stack_impl, lowering=_stack_lowering,
+    abstract_eval=_stack_abstract_eval, transpose=_stack_transpose, batch=_stack_batch)
 _compat.define_linear_primitive(
-    unstack_rows_p, impl=lambda x: list(x), lowering=_unstack_lowering,
-    abstract_eval=_unstack_abstract_eval, transpose=_unstack_transpose, batch=_unstack_batch,
-    multiple_results=True)
+    unstack_rows_p, impl=lambda *stacked: [row for x in stacked for row in x],
+    lowering=_unstack_lowering, abstract_eval=_unstack_abstract_eval,
+    transpose=_unstack_transpose, batch=_unstack_batch)
+
+
+def _is_numeric(x: Any) -> bool:
+  """Whether the primitives handle `x`: floats; ints and bools (not differentiated, so
+  their float0 tangents never meet a float's) and typed keys use `jnp.stack`."""
+  return jnp.issubdtype(x.dtype, jnp.inexact)
 
 
 def stack_rows(trees: Sequence[Any]) -> Any:
@@ -128,22 +167,15 @@ def stack_rows(trees: Sequence[Any]) -> Any:
   """
   if not trees:
     raise ValueError('stack_rows: no trees to stack; pass at least one.')
-  return jax.tree.map(_stack_leaf, *trees)
-
-
-def _is_numeric(x: Any) -> bool:
-  return not jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended)  # e.g. typed PRNG keys
-
-
-def _stack_leaf(*rows: Any) -> Any:
-  rows = tuple(map(jnp.asarray, rows))
-  _check_rows(rows)
-  return stack_rows_p.bind(*rows) if _is_numeric(rows[0]) else jnp.stack(rows)
-
-
-def _unstack_leaf(leaf: Any) -> list[Any]:
-  leaf = jnp.asarray(leaf)
-  return unstack_rows_p.bind(leaf) if _is_numeric(leaf) else list(leaf)
+  columns = [tuple(map(jnp.asarray, rows)) for rows in zip(*map(jax.tree.leaves, trees))]
+  treedef = jax.tree.structure(jax.tree.map(lambda *_: 0, *trees))
+  for rows in columns:
+    _check_rows(rows)
+  numeric = [rows for rows in columns if _is_numeric(rows[0])]
+  stacked = iter(stack_rows_p.bind(*(r for rows in numeric for r in rows),
+                                   rows_per_leaf=len(trees)) if numeric else ())
+  return jax.tree.unflatten(treedef, [next(stacked) if _is_numeric(rows[0]) else jnp.stack(rows)
+                                      for rows in columns])
 
 
 def unstack_rows(tree: Any) -> list[Any]:
@@ -162,9 +194,13 @@ def unstack_rows(tree: Any) -> list[Any]:
   if len(lengths) != 1 or None in lengths:
     raise ValueError(f'unstack_rows: the leaves need one shared leading axis; their '
                      f'shapes are {[np.shape(leaf) for leaf in leaves]}.')
-  columns = [_unstack_leaf(leaf) for leaf in leaves]
-  return [jax.tree.unflatten(treedef, [column[i] for column in columns])
-          for i in range(lengths.pop())]
+  n = lengths.pop()
+  leaves = [jnp.asarray(leaf) for leaf in leaves]
+  numeric = [leaf for leaf in leaves if _is_numeric(leaf)]
+  rows = iter(unstack_rows_p.bind(*numeric) if numeric else ())
+  columns = [[next(rows) for _ in range(n)] if _is_numeric(leaf) else list(leaf)
+             for leaf in leaves]
+  return [jax.tree.unflatten(treedef, [column[i] for column in columns]) for i in range(n)]
 
 
 __all__ = ['stack_rows', 'unstack_rows']
