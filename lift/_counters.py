@@ -1,7 +1,8 @@
 """Snapshots of `RngCounters` trees, for transforms that trace a function more than once.
 
-`cond`, `switch` and `while_loop` trace every branch from the same counters and
-leave the elementwise maximum behind; `map_variables` rewinds after its init
+`cond` and `switch` trace every branch from the same counters and leave the
+elementwise maximum behind; `while_loop`'s condition and body draw one after
+the other; `map_variables` rewinds after its init
 pass; `jit` traces with zeroed counters to learn how far one call advances them.
 Counter nodes are changed in place and never replaced, because child scopes
 hold references to them.
@@ -122,3 +123,33 @@ class SharedStart:
   def finish(self):
     for i, node in enumerate(self.nodes or ()):
       restore(node, elementwise_max([end[i] for end in self.ends]))
+
+
+class Chained:
+  """Lets functions that run one after another (a loop's condition, then its body) draw in turn.
+
+  The function at position i of ``order`` starts where the one before it
+  ended, so their keys differ; tracing one again restarts it from the same
+  point. :meth:`finish` leaves the counters where the last one ended.
+  """
+
+  def __init__(self, order: Sequence[str]):
+    self.order = tuple(order)
+    self.nodes: list[RngCounters] | None = None
+    self.ends: dict[str, list[CountSnapshot]] = {}
+
+  def begin(self, name: str, scope_tree: Any):
+    if self.nodes is None:
+      self.nodes = counter_roots(scope_tree)
+      self.ends['start'] = [snapshot(node) for node in self.nodes]
+    done = [n for n in ('start',) + self.order[:self.order.index(name)] if n in self.ends]
+    for node, snap in zip(self.nodes, self.ends[done[-1]]):
+      restore(node, snap)
+
+  def end(self, name: str):
+    self.ends[name] = [snapshot(node) for node in self.nodes or ()]
+
+  def finish(self):
+    last = [n for n in ('start',) + self.order if n in self.ends]
+    for node, snap in zip(self.nodes or (), self.ends[last[-1]] if last else ()):
+      restore(node, snap)

@@ -25,6 +25,9 @@ _ARGNUM_OUT_OF_RANGE = (
 _BAD_ARGNAME = (
     '{transform}: {argument}={value!r} holds {item!r}, which is not a string. '
     'Fix: name keyword arguments, e.g. {argument}=("features",).')
+_CONCRETE = (
+    'checkpoint: concrete=True is not supported (JAX removed it). Fix: pass the '
+    'arguments that Python control flow depends on as static_argnums.')
 _CHECKPOINT_COUNTING = '(checkpoint counts the first argument after the scope as 0.)'
 
 
@@ -83,7 +86,8 @@ def _checkpoint_groups(fn, static_argnums, prevent_cse, policy, scope_fn, repack
 
 
 def checkpoint(fn: Callable[..., Any], variables: Filter = True, rngs: Filter = True,
-               prevent_cse: bool = True, static_argnums: int | Iterable[int] = (),
+               concrete: bool = False, prevent_cse: bool = True,
+               static_argnums: int | Iterable[int] = (),
                policy: Callable[..., bool] | None = None) -> Callable[..., Any]:
   """Lifted ``jax.checkpoint`` (alias ``remat``) of ``fn(scope, *args)``.
 
@@ -95,6 +99,9 @@ def checkpoint(fn: Callable[..., Any], variables: Filter = True, rngs: Filter = 
     fn: the scope function to rematerialise.
     variables: the collections lifted in and out (default: all).
     rngs: the rng streams available inside (default: all).
+    concrete: kept in Flax's position so that calls port; only False, as in
+      JAX, which removed it (Python control flow on an argument: make the
+      argument static with ``static_argnums``).
     prevent_cse: as ``jax.checkpoint``; False is fine (and faster) inside a scan.
     static_argnums: positions of hashable arguments to treat as static,
       counting the first argument after the scope as 0 (as
@@ -109,6 +116,8 @@ def checkpoint(fn: Callable[..., Any], variables: Filter = True, rngs: Filter = 
   ...   return jax.numpy.tanh(x @ w)
   >>> y, variables = init(checkpoint(dense))(jax.random.key(0), jax.numpy.ones((1, 3)))
   """
+  if concrete:
+    raise errors.TransformArgumentError(_CONCRETE)
   argnums = check_argnums('checkpoint', 'static_argnums', static_argnums,
                           _CHECKPOINT_COUNTING, example=0)
   inner = functools.partial(_checkpoint_groups, fn, argnums, prevent_cse, policy)

@@ -15,7 +15,7 @@ import jax
 from jax import lax
 
 from lift import errors
-from lift._counters import SharedStart
+from lift._counters import Chained, SharedStart
 from lift.filters import Filter
 from lift.pack import pack
 from lift.scope import Scope
@@ -204,25 +204,25 @@ class _Loop:
     self.cond_fn, self.body_fn, self.splits = cond_fn, body_fn, splits
     self.scope_fn, self.repack_fn = scope_fn, repack_fn
     self.broadcast, self.rng_groups = broadcast, rng_groups
-    self.counters = SharedStart()
+    self.counters = Chained(('cond', 'body'))  # as in Flax: the body draws after the condition
 
   def cond(self, state):
     i, carry_variables, carry = state
     scope_tree = self.scope_fn((carry_variables, self.broadcast),
                                _fold_rngs(self.rng_groups, self.splits, -i), mutable_filter=False)
-    self.counters.begin(scope_tree)
+    self.counters.begin('cond', scope_tree)
     result = self.cond_fn(scope_tree, carry)
-    self.counters.end()
+    self.counters.end('cond')
     return result
 
   def body(self, state):
     i, carry_variables, carry = state
     scope_tree = self.scope_fn((carry_variables, self.broadcast),
                                _fold_rngs(self.rng_groups, self.splits, i))
-    self.counters.begin(scope_tree)
+    self.counters.begin('body', scope_tree)
     carry = self.body_fn(scope_tree, carry)
     (new_variables,) = self.repack_fn(scope_tree)
-    self.counters.end()
+    self.counters.end('body')
     _check_carry((carry_variables,), (new_variables,), _path_text(scope_tree))
     return i + 1, new_variables, carry
 

@@ -77,6 +77,8 @@ class _Config(NamedTuple):
   static_positions: frozenset[int]  # positions in args (after the scope)
   static_names: frozenset[str]
   donate_positions: tuple[int, ...]
+  device: Any  # jax.jit's device and backend
+  backend: str | None
 
 
 class _RootKey(NamedTuple):
@@ -239,31 +241,31 @@ def _jit_body(key: CallKey, variable_groups, raw_keys, hashes, dyn_kwargs, *dyn_
   return result
 
 
-def _trace_first(key: CallKey, donate, scope_fn, repack_fn, dynamic: tuple, pool: int) -> _Recorded:
+def _trace_first(key: CallKey, options, scope_fn, repack_fn, dynamic: tuple, pool: int) -> _Recorded:
   """Traces (without compiling) with a placeholder hash array; JAX keeps the trace for the call."""
   variable_groups, raw_keys, dyn_args, dyn_kwargs = dynamic
   args = (variable_groups, raw_keys, np.zeros(pool, np.uint32), dyn_kwargs, *dyn_args)
   call = _Call(scope_fn, repack_fn, None)
   with _active(call):
-    _compiled(donate).trace(key, *args)
+    _compiled(options).trace(key, *args)
     if call.recorded is None:  # JAX still had this trace: record with an uncached one
       jax.eval_shape(functools.partial(_jit_body, key), *args)
   return call.recorded
 
 
-def _record(key: CallKey, donate, scope_fn, repack_fn, dynamic: tuple) -> _Recorded:
+def _record(key: CallKey, options, scope_fn, repack_fn, dynamic: tuple) -> _Recorded:
   if not any(dynamic[1]):  # no rng streams: nothing to draw, the call itself traces
     return _Recorded((), (EMPTY,) * len(key.roots), 0)
   pool = _POOL_HINT.get(key.config, 16)
-  recorded = _trace_first(key, donate, scope_fn, repack_fn, dynamic, pool)
+  recorded = _trace_first(key, options, scope_fn, repack_fn, dynamic, pool)
   if len(recorded.draws) > pool:
     pool = 1 << (len(recorded.draws) - 1).bit_length()
-    recorded = _trace_first(key, donate, scope_fn, repack_fn, dynamic, pool)
+    recorded = _trace_first(key, options, scope_fn, repack_fn, dynamic, pool)
   _POOL_HINT[key.config] = pool
   return recorded
 
 
-def _recorded(key: CallKey, donate, scope_fn, repack_fn, dynamic: tuple) -> _Recorded:
+def _recorded(key: CallKey, options, scope_fn, repack_fn, dynamic: tuple) -> _Recorded:
   """The draws of ``key``'s structure, from the cache or from a first trace."""
   variable_groups, raw_keys, dyn_args, dyn_kwargs = dynamic
   fn = key.config.fn
@@ -274,17 +276,26 @@ def _recorded(key: CallKey, donate, scope_fn, repack_fn, dynamic: tuple) -> _Rec
   if cache_key in _RECORDED:
     _RECORDED.move_to_end(cache_key)
     return _RECORDED[cache_key]
-  recorded = _record(key, donate, scope_fn, repack_fn, dynamic)
+  recorded = _record(key, options, scope_fn, repack_fn, dynamic)
   _RECORDED[cache_key] = recorded
   if len(_RECORDED) > _RECORDED_CACHE_SIZE:
     _RECORDED.popitem(last=False)
   return recorded
 
 
+class _JitOptions(NamedTuple):
+  donate: tuple[int, ...]  # positions among the dynamic positional arguments
+  device: Any
+  backend: str | None
+
+
 @functools.lru_cache(maxsize=None)
-def _compiled(donate: tuple[int, ...]) -> Callable[..., Any]:
+def _compiled(options: _JitOptions) -> Callable[..., Any]:
   # Arguments of _jit_body before the dynamic positional ones: key, variables, keys, hashes, kwargs.
-  return jax.jit(_jit_body, static_argnums=0, donate_argnums=tuple(5 + i for i in donate))
+  placement = {k: v for k, v in (('device', options.device), ('backend', options.backend))
+               if v is not None}  # deprecated in jax.jit: passed only when given
+  return jax.jit(_jit_body, static_argnums=0, donate_argnums=tuple(5 + i for i in options.donate),
+                 **placement)
 
 
 def _jit_groups(config: _Config, scope_fn, repack_fn, variable_groups, rng_groups,
@@ -298,13 +309,15 @@ def _jit_groups(config: _Config, scope_fn, repack_fn, variable_groups, rng_group
   key = _call_key(config, call, len(args), scope_tree)
   streams = rng_groups[0]
   raw_keys = tuple({name: s.key for name, s in group.items()} for group in streams)
-  donate = tuple(p - sum(s < p for s in config.static_positions) for p in config.donate_positions)
-  recorded = _recorded(key, donate, scope_fn, repack_fn,
+  options = _JitOptions(
+      tuple(p - sum(s < p for s in config.static_positions) for p in config.donate_positions),
+      config.device, config.backend)
+  recorded = _recorded(key, options, scope_fn, repack_fn,
                        (variable_groups, raw_keys, call.dyn_args, call.dyn_kwargs))
   nodes = [root.rng_counters for root in _roots(scope_tree)[2]]
   hashes = draw_hashes(recorded.draws, streams, nodes, recorded.pool)
   with _active(_Call(scope_fn, repack_fn, recorded.draws)):
-    y, out_groups = _compiled(donate)(key, variable_groups, raw_keys, hashes,
+    y, out_groups = _compiled(options)(key, variable_groups, raw_keys, hashes,
                                       call.dyn_kwargs, *call.dyn_args)
   for node, increments in zip(nodes, recorded.increments):
     advance(node, increments)
@@ -323,7 +336,8 @@ def _positional_names(fn: Callable[..., Any]) -> list[str]:
   return [p.name for p in parameters if p.kind in kinds]
 
 
-def _config(fn, variables, rngs, static_argnums, static_argnames, donate_argnums) -> _Config:
+def _config(fn, variables, rngs, static_argnums, static_argnames, donate_argnums,
+            device, backend) -> _Config:
   static_nums = check_argnums('jit', 'static_argnums', static_argnums, _JIT_COUNTING)
   names = set(check_argnames('jit', 'static_argnames', static_argnames))
   donate_nums = check_argnums('jit', 'donate_argnums', donate_argnums, _JIT_COUNTING)
@@ -338,12 +352,13 @@ def _config(fn, variables, rngs, static_argnums, static_argnames, donate_argnums
       raise errors.ArgnumsError(_DONATED_STATIC.format(index=p + 1))
   return _Config(fn, _hashable_filter(validate_filter(variables)),
                  _hashable_filter(validate_filter(rngs)), frozenset(positions),
-                 frozenset(names), tuple(donate))
+                 frozenset(names), tuple(donate), device, backend)
 
 
 def jit(fn: Callable[..., Any], variables: Filter = True, rngs: Filter = True,
         static_argnums: int | Iterable[int] = (), static_argnames: str | Iterable[str] = (),
-        donate_argnums: int | Iterable[int] = ()) -> Callable[..., Any]:
+        donate_argnums: int | Iterable[int] = (), device: Any = None,
+        backend: str | None = None) -> Callable[..., Any]:
   """Lifted ``jax.jit`` of ``fn(scope, *args)``.
 
   Compiles once per distinct (argument shapes and dtypes, static arguments,
@@ -361,6 +376,7 @@ def jit(fn: Callable[..., Any], variables: Filter = True, rngs: Filter = True,
     static_argnames: names of keyword arguments to treat as static.
     donate_argnums: positions (scope = 0) of arguments whose buffers XLA may
       reuse for the outputs.
+    device, backend: as ``jax.jit``'s (deprecated there: prefer placing the inputs).
 
   Not worth it around a function that is already inside another ``lift.jit``:
   there it is inlined.
@@ -370,7 +386,8 @@ def jit(fn: Callable[..., Any], variables: Filter = True, rngs: Filter = True,
   ...   return x @ w
   >>> y, variables = init(jit(dense))(jax.random.key(0), jax.numpy.ones((1, 3)))
   """
-  config = _config(fn, variables, rngs, static_argnums, static_argnames, donate_argnums)
+  config = _config(fn, variables, rngs, static_argnums, static_argnames, donate_argnums,
+                   device, backend)
   inner = functools.partial(_jit_groups, config)
   functools.update_wrapper(inner, fn)
   return pack(inner, (variables,), (variables,), (rngs,), name='jit')

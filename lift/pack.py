@@ -29,6 +29,11 @@ from lift.scope import Scope, copy_structure
 VariableGroups = tuple[tuple[dict[str, Any], ...], ...]  # [filter][root] -> {col: tree}
 RngGroups = tuple[tuple[dict[str, Any], ...], ...]  # [filter][root] -> {stream: RngStream}
 
+_NO_KWARGS = (
+    '{name}: keyword arguments {names} were passed, but this transform was '
+    'packed with enable_kwargs=False. Fix: pass them positionally, or pack with '
+    'enable_kwargs=True.')
+
 
 class LiftedScopes(NamedTuple):
   """The result of :func:`dedup_scopes`."""
@@ -157,10 +162,12 @@ def commit(roots: Sequence[Scope], out_groups: VariableGroups):
 
 def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
          out_variable_filters: Sequence[Filter], rng_filters: Sequence[Filter],
-         name: str | None = None) -> Callable[..., Any]:
+         name: str | None = None, enable_kwargs: bool = True) -> Callable[..., Any]:
   """Lifts ``fn(scope_fn, repack_fn, variable_groups, rng_groups, *args) -> (y, out_groups)``.
 
-  Returns ``wrapper(scope_tree, *args, **kwargs) -> y``. ``variable_groups[i][r]``
+  Returns ``wrapper(scope_tree, *args, **kwargs) -> y``; keyword arguments
+  reach ``fn`` (with ``enable_kwargs=False`` they are an error; Flax's default
+  warns and drops them). ``variable_groups[i][r]``
   is the dict of collections of root scope ``r`` matched by in-filter ``i``;
   ``rng_groups`` likewise for rng streams. ``scope_fn(variable_groups,
   rng_groups)`` rebuilds the scopes; ``repack_fn(scope_tree)`` returns the
@@ -177,6 +184,8 @@ def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
 
   @functools.wraps(fn)
   def wrapper(scope_tree, *args, **kwargs):
+    if kwargs and not enable_kwargs:
+      raise errors.TransformArgumentError(_NO_KWARGS.format(name=name, names=sorted(kwargs)))
     lifted = dedup_scopes(scope_tree)
     variable_groups, rng_groups = filter_groups(lifted.roots, spec)
     created: list[Scope] = []

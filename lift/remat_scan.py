@@ -14,7 +14,7 @@ from flax.core import meta
 from lift import errors, loops
 from lift.filters import Filter
 from lift.scan import build_scan, ScanConfig
-from lift.vmap import check_split_rngs, check_variable_axes
+from lift.vmap import VariableAxes, check_split_rngs, check_variable_axes
 
 _BAD_LENGTHS = (
     'remat_scan: lengths={lengths!r} is not a non-empty sequence of positive '
@@ -41,7 +41,7 @@ def _inner_metadata(metadata_params: Mapping[Any, Any]) -> dict[Any, Any]:
 
 class _Rules(NamedTuple):
   """The variable and rng rules that every level of a `remat_scan` shares."""
-  variable_axes: Mapping[Filter, int]
+  variable_axes: VariableAxes
   variable_broadcast: Filter
   variable_carry: Filter
   split_rngs: Mapping[Filter, bool]
@@ -58,10 +58,9 @@ def _remat_level(body_fn, lengths: tuple[int, ...], policy, metadata_params, rul
   else:
     inner = _remat_level(body_fn, lengths[1:], policy, _inner_metadata(metadata_params), rules)
     step, remat = functools.partial(_carry_only_step, inner), _step_remat(policy)
-  config = ScanConfig(tuple(rules.variable_axes.values()), tuple(rules.split_rngs.values()),
-                       0, 0, lengths[0], False, 1, None, dict(metadata_params), remat)
-  loop = build_scan(step, rules.variable_axes, rules.variable_broadcast,
-                     rules.variable_carry, rules.split_rngs, config)
+  config = ScanConfig(rules.variable_axes, tuple(rules.split_rngs.values()),
+                      0, 0, lengths[0], False, 1, None, dict(metadata_params), remat)
+  loop = build_scan(step, rules.variable_broadcast, rules.variable_carry, rules.split_rngs, config)
   return functools.partial(_carry_only, loop)
 
 
@@ -93,9 +92,9 @@ def remat_scan(body_fn: Callable[..., Any], lengths: Sequence[int],
   if not (isinstance(lengths, tuple) and lengths and all(
       isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths)):
     raise errors.InvalidAxisError(_BAD_LENGTHS.format(lengths=lengths))
-  check_variable_axes('remat_scan', variable_axes, allow_none=False)
+  axes = check_variable_axes('remat_scan', variable_axes, allow_none=False)
   check_split_rngs('remat_scan', split_rngs)
-  rules = _Rules(variable_axes, variable_broadcast, variable_carry, split_rngs)
+  rules = _Rules(axes, variable_broadcast, variable_carry, split_rngs)
   return _remat_level(body_fn, lengths, policy, metadata_params, rules)
 
 

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax.core import axes_scan
 from lift._compat import Literal, Var
 
 from lift import _compat, _counters, errors, loops
@@ -32,7 +33,7 @@ from lift.filters import Filter
 from lift.metadata import add_group_axes, move_axis, remove_group_axes
 from lift.pack import pack
 from lift.rng import RngCounters
-from lift.vmap import (MappedLeaf, check_axis_leaves, check_size,
+from lift.vmap import (MappedLeaf, VariableAxes, check_axis_leaves, check_size,
                        check_split_rngs, check_variable_axes, infer_axis_size,
                        leaf_axes, leaf_axis_size, mapped_arguments,
                        mapped_variables, path_text, split_rng_groups)
@@ -59,12 +60,12 @@ broadcast = _Broadcast()
 
 
 def _is_unmapped(axis: Any) -> bool:
-  return axis is None or axis is broadcast
+  return axis is None or axis is broadcast or axis is axes_scan.broadcast  # Flax's marker too
 
 
 @dataclasses.dataclass(frozen=True)
 class ScanConfig:
-  variable_axes: tuple[int, ...]
+  variable_axes: VariableAxes
   rng_splits: tuple[bool, ...]
   in_axes: Any
   out_axes: Any
@@ -74,6 +75,7 @@ class ScanConfig:
   data_transform: Callable[..., Any] | None
   metadata_params: Mapping[Any, Any]
   remat: Any
+  split_transpose: bool = False
 
 
 class LoopCarry(NamedTuple):
@@ -271,7 +273,8 @@ def _plan(step: _Step, carry_variables: tuple[dict, ...], init: Any, xs: StepInp
 def _run_loop(step: _Step, carry: LoopCarry, xs: StepInputs, length: int):
   config = step.config
   return loops.run_scan(step, carry, xs, length=length, reverse=config.reverse,
-                        unroll=config.unroll, remat=config.remat)
+                        unroll=config.unroll, remat=config.remat,
+                        split_transpose=config.split_transpose)
 
 
 def _peeled_loop(step: _Step, carry: LoopCarry, xs: StepInputs, length: int):
@@ -306,15 +309,16 @@ def _place_ys(scanned: Any, invariant: Any, out_axes: Any) -> Any:
 
 def _scanned_inputs(fn, config: ScanConfig, variable_groups, rng_groups, args):
   """The variables, rngs and arguments that the loop slices, all moved to axis 0, and the length."""
-  groups = remove_group_axes(variable_groups, config.variable_axes, config.metadata_params)
+  in_axes = config.variable_axes.in_axes
+  groups = remove_group_axes(variable_groups, in_axes, config.metadata_params)
   arg_axes = [None if _is_unmapped(a) else a for a in leaf_axes(
       'scan', 'in_axes', config.in_axes, args, _is_unmapped, 'scanned arguments')]
   mapped = mapped_arguments(fn, args, arg_axes, skip=2) + mapped_variables(
-      groups, config.variable_axes)
+      groups, in_axes)
   length = infer_axis_size('scan', 'length', mapped, config.length)
   rngs = split_rng_groups(rng_groups, config.rng_splits, length)
   xs = StepInputs(
-      tuple(move_axis(g, a, 0) for g, a in zip(groups, config.variable_axes)),
+      tuple(move_axis(g, a, 0) for g, a in zip(groups, in_axes)),
       tuple(r if split else None for r, split in zip(rngs, config.rng_splits)),
       tuple(jnp.moveaxis(x, a, 0) for x, a in zip(jax.tree.leaves(args), arg_axes)
             if a is not None))
@@ -334,36 +338,39 @@ def _scan_groups(fn, config: ScanConfig, scope_fn, repack_fn, variable_groups,
   loop = _peeled_loop if plan.peel else _run_loop
   carry, (scanned_ys, scanned_groups) = loop(step, LoopCarry(plan.carried, init), xs, length)
   ys = _place_ys(scanned_ys, plan.invariant.ys, config.out_axes)
-  scanned_groups = tuple(move_axis(g, 0, a) for g, a in zip(scanned_groups, config.variable_axes))
-  scanned_groups = add_group_axes(scanned_groups, config.variable_axes, config.metadata_params)
+  out_axes = config.variable_axes.out_axes
+  scanned_groups = tuple(move_axis(g, 0, a) for g, a in zip(scanned_groups, out_axes))
+  scanned_groups = add_group_axes(scanned_groups, out_axes, config.metadata_params)
   out_groups = (plan.invariant.variables, carry.variables) + scanned_groups
   return (carry.carry, ys), out_groups
 
 
-def build_scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int],
-                variable_broadcast: Filter, variable_carry: Filter,
-                split_rngs: Mapping[Filter, bool], config: ScanConfig) -> Callable[..., Any]:
-  filters = (variable_broadcast, variable_carry) + tuple(variable_axes)
+def build_scan(fn: Callable[..., Any], variable_broadcast: Filter, variable_carry: Filter,
+               split_rngs: Mapping[Filter, bool], config: ScanConfig) -> Callable[..., Any]:
+  shared = (variable_broadcast, variable_carry)
   rng_filters, _ = check_split_rngs('scan', split_rngs)
   inner = functools.partial(_scan_groups, fn, config)
   functools.update_wrapper(inner, fn)
-  return pack(inner, filters, filters, rng_filters, name='scan')
+  return pack(inner, shared + config.variable_axes.in_filters,
+              shared + config.variable_axes.out_filters, rng_filters, name='scan')
 
 
 def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # noqa: B006
          variable_broadcast: Filter = False, variable_carry: Filter = False,
          split_rngs: Mapping[Filter, bool] = {}, in_axes: Any = 0,  # noqa: B006
          out_axes: Any = 0, length: int | None = None, reverse: bool = False,
-         unroll: int | bool = 1, data_transform: Callable[..., Any] | None = None,
+         unroll: int | bool = 1, _split_transpose: bool = False,
+         data_transform: Callable[..., Any] | None = None,
          metadata_params: Mapping[Any, Any] = {},  # noqa: B006 (Flax's defaults)
-         remat: Any = False) -> Callable[..., Any]:
+         check_constancy_invariants: bool = True, remat: Any = False) -> Callable[..., Any]:
   """Lifted ``lax.scan`` of ``fn(scope, carry, *xs) -> (carry, ys)``.
 
   Args:
     fn: the step.
     variable_axes: ``{collection filter: axis}``: step ``i`` sees slice ``i``
       along ``axis`` (negative counts from the end); variables created inside
-      are stacked along it.
+      are stacked along it. ``In(axis)`` lifts a collection in only,
+      ``Out(axis)`` out only (it starts empty inside), as in Flax.
     variable_broadcast: collections every step shares. What a step writes to
       them (e.g. parameters created at init) is computed once, before the
       loop, and every step sees it; it must not depend on the carry, the
@@ -379,10 +386,13 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
       returns an output computed once (it must not depend on the loop).
       Keyword arguments reach every step whole.
     length: number of steps; inferred from the scanned inputs and variables.
-    reverse, unroll: as ``lax.scan``.
+    reverse, unroll, _split_transpose: as ``lax.scan``.
     data_transform: ``(variable_groups, rng_groups) -> (variable_groups,
       rng_groups)`` applied inside each step before the scope is rebuilt.
     metadata_params: passed to the ``AxisMetadata`` boxes of scanned collections.
+    check_constancy_invariants: accepted for Flax's signature; the check that
+      broadcast variables and outputs are loop-invariant always runs, since
+      the same trace computes them (Flax skips both when False).
     remat: checkpoint policy of each step: anything
       ``lift.loops.resolve_remat`` accepts (False, True, 'nested', ...).
 
@@ -396,16 +406,16 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
   >>> variables['params']['w'].shape
   (5, 3, 3)
   """
-  _, axes = check_variable_axes('scan', variable_axes, allow_none=False,
-                                hint=', or variable_broadcast for collections shared by every step')
+  axes = check_variable_axes('scan', variable_axes, allow_none=False,
+                             hint=', or variable_broadcast for collections shared by every step')
   _, splits = check_split_rngs('scan', split_rngs)
   loops.resolve_remat(remat)
   config = ScanConfig(
       axes, splits, check_axis_leaves('scan', 'in_axes', in_axes, _is_unmapped, 'lift.broadcast'),
       check_axis_leaves('scan', 'out_axes', out_axes, _is_unmapped, 'lift.broadcast'),
       check_size('scan', 'length', length), reverse, unroll, data_transform,
-      dict(metadata_params), remat)
-  return build_scan(fn, variable_axes, variable_broadcast, variable_carry, split_rngs, config)
+      dict(metadata_params), remat, _split_transpose)
+  return build_scan(fn, variable_broadcast, variable_carry, split_rngs, config)
 
 
 __all__ = ['scan', 'broadcast']

@@ -8,8 +8,9 @@ is seen by every scope that shares the root.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 import jax
@@ -120,6 +121,18 @@ class Scope:
     self._invalid = True
     if self.parent is None:
       self._root_alive[0] = False
+
+  @contextlib.contextmanager
+  def temporary(self) -> Iterator['Scope']:
+    """This scope, invalidated when the ``with`` block ends (as Flax's).
+
+    >>> with scope.temporary() as s:
+    ...   y = s.param('w', jax.nn.initializers.zeros, (2,))
+    """
+    try:
+      yield self
+    finally:
+      self.invalidate()
 
   def _check_valid(self):
     if self.invalid:

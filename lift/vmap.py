@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 from flax.core import meta
+from flax.typing import In, Out
 
 from lift import errors
 from lift.filters import Filter, validate_filter
@@ -73,20 +74,37 @@ def _is_axis(value: Any) -> bool:
   return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
+class VariableAxes(NamedTuple):
+  """``variable_axes`` split into the collections lifted in and those lifted out.
+
+  A plain axis lifts a collection both ways; ``In(axis)`` (Flax's
+  `flax.typing.In`) only into the transform, ``Out(axis)`` only out of it.
+  """
+  in_filters: tuple[Filter, ...]
+  in_axes: tuple[int | None, ...]
+  out_filters: tuple[Filter, ...]
+  out_axes: tuple[int | None, ...]
+
+
 def check_variable_axes(transform: str, variable_axes: Any, allow_none: bool,
-                        hint: str = '') -> tuple[tuple[Filter, ...], tuple[int | None, ...]]:
-  """Validates ``{filter: axis}``; returns the filters and the axes, in order."""
+                        hint: str = '') -> VariableAxes:
+  """Validates ``{filter: axis | In(axis) | Out(axis)}``; returns the filters and axes, in order."""
   if not isinstance(variable_axes, Mapping):
     raise errors.InvalidAxisError(_NOT_A_MAPPING.format(
         transform=transform, argument='variable_axes', values='axis',
         value=variable_axes, example="{'params': 0}"))
   allowed = 'an int or None' if allow_none else 'an int'
+  unpack = lambda value: value.axis if isinstance(value, (In, Out)) else value
   for key, value in variable_axes.items():
     validate_filter(key)
-    if not (_is_axis(value) or (allow_none and value is None)):
+    if not (_is_axis(unpack(value)) or (allow_none and unpack(value) is None)):
       raise errors.InvalidAxisError(_BAD_VARIABLE_AXIS.format(
-          transform=transform, key=key, value=value, allowed=allowed, hint=hint))
-  return tuple(variable_axes), tuple(variable_axes.values())
+          transform=transform, key=key, value=value, allowed=allowed + ' (or In/Out of one)',
+          hint=hint))
+  ins = [(k, unpack(v)) for k, v in variable_axes.items() if not isinstance(v, Out)]
+  outs = [(k, unpack(v)) for k, v in variable_axes.items() if not isinstance(v, In)]
+  return VariableAxes(tuple(k for k, _ in ins), tuple(a for _, a in ins),
+                      tuple(k for k, _ in outs), tuple(a for _, a in outs))
 
 
 def check_split_rngs(transform: str, split_rngs: Any) -> tuple[tuple[Filter, ...], tuple[bool, ...]]:
@@ -254,7 +272,7 @@ def split_rng_groups(rng_groups: Sequence[Any], splits: Sequence[bool], count: i
 
 @dataclasses.dataclass(frozen=True)
 class _VmapConfig:
-  variable_axes: tuple[int | None, ...]
+  variable_axes: VariableAxes
   rng_splits: tuple[bool, ...]
   in_axes: Any
   out_axes: Any
@@ -276,16 +294,17 @@ def _mapped_body(fn, scope_fn, repack_fn, kwargs, variable_groups, rng_groups, a
 
 def _vmap_groups(fn, config: _VmapConfig, scope_fn, repack_fn, variable_groups,
                  rng_groups, *args, **kwargs):
-  groups = remove_group_axes(variable_groups, config.variable_axes, config.metadata_params)
+  in_axes, out_axes = config.variable_axes.in_axes, config.variable_axes.out_axes
+  groups = remove_group_axes(variable_groups, in_axes, config.metadata_params)
   axes = leaf_axes('vmap', 'in_axes', config.in_axes, args, _is_none, 'positional arguments')
-  mapped = mapped_arguments(fn, args, axes) + mapped_variables(groups, config.variable_axes)
+  mapped = mapped_arguments(fn, args, axes) + mapped_variables(groups, in_axes)
   size = infer_axis_size('vmap', 'axis_size', mapped, config.axis_size)
   rng_groups = split_rng_groups(rng_groups, config.rng_splits, size)
   rng_axes = tuple(0 if split else None for split in config.rng_splits)
   body = functools.partial(_mapped_body, fn, scope_fn, repack_fn, kwargs)
   mapped_body = jax.vmap(
-      body, in_axes=(config.variable_axes, rng_axes, config.in_axes),
-      out_axes=(config.out_axes, config.variable_axes), axis_size=size,
+      body, in_axes=(in_axes, rng_axes, config.in_axes),
+      out_axes=(config.out_axes, out_axes), axis_size=size,
       axis_name=config.axis_name, spmd_axis_name=config.spmd_axis_name)
   try:
     y, out_groups = mapped_body(groups, rng_groups, args)
@@ -294,7 +313,7 @@ def _vmap_groups(fn, config: _VmapConfig, scope_fn, repack_fn, variable_groups,
     if str(error).startswith('at vmap out_axes[1]'):
       raise errors.InvalidAxisError(_SHARED_WRITE.format(detail=error)) from None
     raise
-  return y, add_group_axes(out_groups, config.variable_axes, config.metadata_params)
+  return y, add_group_axes(out_groups, out_axes, config.metadata_params)
 
 
 def vmap(fn: Callable[..., Any], variable_axes: Mapping[Filter, int | None],
@@ -309,7 +328,9 @@ def vmap(fn: Callable[..., Any], variable_axes: Mapping[Filter, int | None],
     variable_axes: ``{collection filter: axis or None}``. A collection with an
       axis has one slice per item (variables created inside get that axis); with
       None it is shared by every item (writes to it must be the same for every
-      item, e.g. reduced with ``lax.pmean(x, axis_name)``).
+      item, e.g. reduced with ``lax.pmean(x, axis_name)``). ``In(axis)``
+      lifts a collection in only (writes inside are an error), ``Out(axis)``
+      out only (it starts empty inside, e.g. for ``sow``), as in Flax.
     split_rngs: ``{stream filter: bool}``; item ``i`` of a split stream draws
       from ``split(key, n)[i]``, an unsplit stream is the same for every item.
       Streams matched by no filter are not available inside.
@@ -332,7 +353,7 @@ def vmap(fn: Callable[..., Any], variable_axes: Mapping[Filter, int | None],
   >>> variables['params']['w'].shape
   (3, 4, 2)
   """
-  filters, axes = check_variable_axes('vmap', variable_axes, allow_none=True)
+  axes = check_variable_axes('vmap', variable_axes, allow_none=True)
   rng_filters, splits = check_split_rngs('vmap', split_rngs)
   config = _VmapConfig(
       axes, splits, check_axis_leaves('vmap', 'in_axes', in_axes, _is_none, 'None'),
@@ -341,7 +362,7 @@ def vmap(fn: Callable[..., Any], variable_axes: Mapping[Filter, int | None],
       dict(metadata_params))
   inner = functools.partial(_vmap_groups, fn, config)
   functools.update_wrapper(inner, fn)
-  return pack(inner, filters, filters, rng_filters, name='vmap')
+  return pack(inner, axes.in_filters, axes.out_filters, rng_filters, name='vmap')
 
 
 __all__ = ['vmap', 'infer_axis_size', 'leaf_axis_size', 'split_rng_groups', 'MappedLeaf']

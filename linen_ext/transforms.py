@@ -223,6 +223,7 @@ def scan(target: Target, variable_axes: Mapping[Filter, int] = {},  # noqa: B006
          out_axes: Any = 0, length: int | None = None, reverse: bool = False,
          unroll: int = 1, data_transform: Callable[..., Any] | None = None,
          metadata_params: Mapping[Any, Any] = {}, methods: Any = None,  # noqa: B006
+         _split_transpose: bool = False, check_constancy_invariants: bool = True,
          remat: Any = False) -> Target:
   """Loops a Module class or method ``f(self, carry, *xs) -> (carry, ys)`` (``lift.scan``).
 
@@ -233,18 +234,21 @@ def scan(target: Target, variable_axes: Mapping[Filter, int] = {},  # noqa: B006
       variable_axes=variable_axes, variable_broadcast=variable_broadcast,
       variable_carry=variable_carry, split_rngs=split_rngs, in_axes=in_axes,
       out_axes=out_axes, length=length, reverse=reverse, unroll=unroll,
-      data_transform=data_transform, metadata_params=metadata_params, remat=remat), methods)
+      data_transform=data_transform, metadata_params=metadata_params, remat=remat,
+      _split_transpose=_split_transpose,
+      check_constancy_invariants=check_constancy_invariants), methods)
 
 
 def checkpoint(target: Target, variables: Filter = True, rngs: Filter = True,
-               prevent_cse: bool = True, static_argnums: int | tuple[int, ...] = (),
+               concrete: bool = False, prevent_cse: bool = True,
+               static_argnums: int | tuple[int, ...] = (),
                policy: Callable[..., bool] | None = None, methods: Any = None) -> Target:
   """Rematerialises a Module class or method (``lift.checkpoint``); ``self`` is argument 0.
 
   >>> RematBlock = checkpoint(Block, static_argnums=(2,))   # def __call__(self, x, train)
   """
   return lift_transform(CHECKPOINT, target, dict(
-      variables=variables, rngs=rngs, prevent_cse=prevent_cse,
+      variables=variables, rngs=rngs, concrete=concrete, prevent_cse=prevent_cse,
       static_argnums=static_argnums, policy=policy), methods)
 
 
@@ -253,7 +257,8 @@ remat = checkpoint
 
 def jit(target: Target, variables: Filter = True, rngs: Filter = True,
         static_argnums: int | Iterable[int] = (), static_argnames: str | Iterable[str] = (),
-        donate_argnums: int | Iterable[int] = (), methods: Any = None) -> Target:
+        donate_argnums: int | Iterable[int] = (), device: Any = None,
+        backend: str | None = None, methods: Any = None) -> Target:
   """Compiles a Module class or method (``lift.jit``); ``self`` is argument 0.
 
   Repeated calls, and fresh instances with the same configuration, reuse the
@@ -263,7 +268,8 @@ def jit(target: Target, variables: Filter = True, rngs: Filter = True,
   """
   return lift_transform(JIT, target, dict(
       variables=variables, rngs=rngs, static_argnums=static_argnums,
-      static_argnames=static_argnames, donate_argnums=donate_argnums), methods)
+      static_argnames=static_argnames, donate_argnums=donate_argnums, device=device,
+      backend=backend), methods)
 
 
 def _identity(x: Any) -> Any:

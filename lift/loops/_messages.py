@@ -115,3 +115,7 @@ JAX_POLICY_FIELDS = (
     "policy to each step as is, so it cannot be combined with {fields}, which "
     "would choose a policy too. Fix: drop those fields, or drop jax_policy and "
     "express the policy with the fields.")
+NESTED_SPLIT_TRANSPOSE = (
+    "_split_transpose=True cannot be combined with remat='nested' (or a "
+    "ScanCheckpointPolicy with nested): the nested loop writes its own backward "
+    "pass. Fix: drop one of the two.")

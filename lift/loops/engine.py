@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from lift.errors import ScanLengthError
+from lift.errors import RematPolicyError, ScanLengthError
 from lift.loops import _messages
 from lift.loops.nested import nested_scan, plan_blocks
 from lift.loops.policies import Remat, checkpoint_step, on_this_backend, resolve_remat
@@ -51,14 +51,16 @@ def scan_length(xs: Any, length: int | None = None) -> int:
 
 def run_scan(body: Callable[[Any, Any], tuple[Any, Any]], init: Any, xs: Any, *,
              length: int | None = None, reverse: bool = False,
-             unroll: int | bool = 1, remat: Remat = False) -> tuple[Any, Any]:
+             unroll: int | bool = 1, remat: Remat = False,
+             split_transpose: bool = False) -> tuple[Any, Any]:
   """`jax.lax.scan(body, init, xs, length, reverse, unroll)` under a checkpoint policy.
 
   Same semantics as `lax.scan`: every leaf of `xs` is scanned along axis 0,
   `xs=None` needs `length`, and the result is `(final_carry, stacked_ys)`.
   `remat` is anything `resolve_remat` accepts (an already resolved
   `ScanCheckpointPolicy` included); values and gradients do not depend on it,
-  only what is kept for the backward pass does.
+  only what is kept for the backward pass does. `split_transpose` is
+  `lax.scan`'s experimental `_split_transpose` (not with nested remat).
 
   Raises:
     RematPolicyError: bad `remat`, or more nested blocks than steps.
@@ -72,12 +74,15 @@ def run_scan(body: Callable[[Any, Any], tuple[Any, Any]], init: Any, xs: Any, *,
   """
   policy = resolve_remat(remat)
   steps = scan_length(xs, length)
+  options = dict(length=steps, reverse=reverse, unroll=unroll, _split_transpose=split_transpose)
   if policy is None:
-    return lax.scan(body, init, xs, length=steps, reverse=reverse, unroll=unroll)
+    return lax.scan(body, init, xs, **options)
   policy = on_this_backend(policy)
   if policy.nested and steps:
+    if split_transpose:
+      raise RematPolicyError(_messages.NESTED_SPLIT_TRANSPOSE)
     plan = plan_blocks(steps, policy.nested)
     return nested_scan(body, init, xs, plan, reverse=reverse, unroll=unroll,
                        offload_carries=policy.save_carries == "offload")
   step = checkpoint_step(body, policy)
-  return lax.scan(step, init, xs, length=steps, reverse=reverse, unroll=unroll)
+  return lax.scan(step, init, xs, **options)
