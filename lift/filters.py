@@ -9,12 +9,17 @@ A filter names a set of collections (or rng streams):
 ``union_filters``, ``intersect_filters`` and ``subtract_filters`` compose
 filters exactly as the sets they denote. Finite results are ``set``s (``False``
 for nothing); co-finite results are ``DenyList``s (``True`` for everything).
+
+Every function here also accepts Flax's ``flax.core.DenyList`` and turns it
+into ours (:func:`from_flax`), so Flax filters port unchanged.
 """
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Union
+
+from flax.core import DenyList as FlaxDenyList
 
 from lift.errors import InvalidFilterError
 
@@ -34,12 +39,21 @@ class DenyList:
 
   def __post_init__(self):
     # Normalise finite denials to a frozenset so equal filters compare and hash equal.
-    deny = self.deny
+    deny = from_flax(self.deny)
     if isinstance(deny, str):
       deny = frozenset({deny})
     elif not isinstance(deny, (bool, DenyList)):
       deny = frozenset(_finite(deny))
     object.__setattr__(self, 'deny', deny)
+
+
+def from_flax(f: Any) -> Any:
+  """``f`` with a Flax ``DenyList`` (at any depth) turned into ours; other values unchanged.
+
+  >>> from_flax(flax.core.DenyList('params'))
+  DenyList(deny=frozenset({'params'}))
+  """
+  return DenyList(f.deny) if isinstance(f, FlaxDenyList) else f
 
 
 def _finite(f: Filter) -> frozenset[str]:
@@ -55,11 +69,12 @@ def _finite(f: Filter) -> frozenset[str]:
 
 
 def validate_filter(f: Any) -> Filter:
-  """Raises `InvalidFilterError` unless ``f`` is a filter; returns it.
+  """Raises `InvalidFilterError` unless ``f`` is a filter; returns it (Flax's DenyList as ours).
 
   >>> validate_filter(['params'])
   ['params']
   """
+  f = from_flax(f)
   if f is True or f is False:
     return f
   if isinstance(f, DenyList):
@@ -75,6 +90,7 @@ def in_filter(filter_like: Filter, name: str) -> bool:
   >>> in_filter(['params', 'cache'], 'cache'), in_filter(False, 'params')
   (True, False)
   """
+  filter_like = from_flax(filter_like)
   if filter_like is True or filter_like is False:
     return filter_like
   if isinstance(filter_like, DenyList):
@@ -88,6 +104,7 @@ def is_filter_empty(filter_like: Filter) -> bool:
   >>> is_filter_empty([]), is_filter_empty(DenyList(True)), is_filter_empty('a')
   (True, True, False)
   """
+  filter_like = from_flax(filter_like)
   if filter_like is True or filter_like is False:
     return not filter_like
   if isinstance(filter_like, DenyList):
@@ -110,6 +127,7 @@ def union_filters(a: Filter, b: Filter) -> Filter:
   >>> union_filters(DenyList(['a', 'b']), ['b', 'c']) == DenyList({'a'})
   True
   """
+  a, b = from_flax(a), from_flax(b)
   if _is_everything(a) or _is_everything(b):
     return True
   if isinstance(a, DenyList) and isinstance(b, DenyList):
@@ -127,6 +145,7 @@ def intersect_filters(a: Filter, b: Filter) -> Filter:
   >>> intersect_filters(DenyList(['a', 'b']), ['b', 'c'])
   {'c'}
   """
+  a, b = from_flax(a), from_flax(b)
   if _is_everything(a):
     return _normalise(b)
   if _is_everything(b):
@@ -146,6 +165,7 @@ def subtract_filters(a: Filter, b: Filter) -> Filter:
   >>> subtract_filters(True, 'params') == DenyList('params')
   True
   """
+  a, b = from_flax(a), from_flax(b)
   if _is_everything(b):
     return set()
   if _is_everything(a):

@@ -38,7 +38,11 @@ def _mapped_mutable(scope_tree: Any, mapped: Filter) -> bool:
 
 
 def _init_pass(fn, config: _MapConfig, scope_fn, repack_fn, groups, rng_groups, args, kwargs):
-  """Runs ``fn`` once on the stored form so it can create mapped variables; rewinds the rngs."""
+  """Runs ``fn`` once on the stored form so it can create mapped variables; rewinds the rngs.
+
+  ``map_out_fn`` sees every mapped collection: the mutable ones as the pass left
+  them, the immutable ones as stored (Flax drops those, so the second pass misses them).
+  """
   scope_tree = scope_fn(groups, rng_groups)
   if not _mapped_mutable(scope_tree, config.mapped_collections):
     return groups[0]
@@ -48,7 +52,8 @@ def _init_pass(fn, config: _MapConfig, scope_fn, repack_fn, groups, rng_groups, 
   target, _ = repack_fn(scope_tree)
   for node, snap in zip(nodes, start):
     _counters.restore(node, snap)
-  return tuple(config.map_out_fn(x) for x in target)
+  return tuple(config.map_out_fn({**stored, **created})
+               for stored, created in zip(groups[0], target))
 
 
 def _map_groups(fn, config: _MapConfig, scope_fn, repack_fn, variable_groups, rng_groups,
@@ -98,7 +103,7 @@ def map_variables(fn: Callable[..., Any], mapped_collections: Filter,
   >>> variables['params']['w'].shape
   (2, 3)
   """
-  validate_filter(mapped_collections)
+  mapped_collections = validate_filter(mapped_collections)
   config = _MapConfig(mapped_collections, map_in_fn, map_out_fn, init, mutable)
   in_filters = (mapped_collections, variables)
   out_filters = (in_filters if init or mutable

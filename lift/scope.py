@@ -278,10 +278,18 @@ class Scope:
         raise errors.ParamShapeError(name, self.path_text, np.shape(have), np.shape(want))
 
   def variables(self) -> dict[str, Any]:
-    """The variables under this scope, ``{collection: {name: value}}``."""
+    """The variables under this scope, ``{collection: {name: value}}``.
+
+    As Flax's: every collection in which this scope's path exists, even empty.
+    """
     self._check_valid()
-    cols = {col: self._collection(col) for col in self.root._variables}
-    return {col: tree for col, tree in cols.items() if tree}
+    found = {}
+    for col, node in self.root._variables.items():
+      for name in self._rel_path:
+        node = node.get(name) if isinstance(node, Mapping) else None
+      if isinstance(node, Mapping):
+        found[col] = node
+    return found
 
   def mutable_variables(self) -> dict[str, Any]:
     """The mutable collections of :meth:`variables`."""

@@ -2,6 +2,10 @@
 import itertools
 import re
 
+import flax.core
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import lift
@@ -83,3 +87,92 @@ def test_invalid_filter_names_the_value(bad):
 def test_invalid_denylist_fails_at_construction():
   with pytest.raises(InvalidFilterError, match='Invalid filter 3'):
     DenyList(3)
+
+
+# -- Flax's DenyList: accepted everywhere ours is, converted at the boundary ------------------
+
+FLAX_FILTERS = [flax.core.DenyList('a'), flax.core.DenyList(['a', 'b']), flax.core.DenyList(True),
+                flax.core.DenyList(False), flax.core.DenyList(flax.core.DenyList('c'))]
+
+
+@pytest.mark.parametrize('f', FLAX_FILTERS)
+def test_flax_denylist_denotes_what_it_denotes_in_flax(f):
+  assert denote(f) == frozenset(x for x in UNIVERSE if flax.core.scope.in_filter(f, x))
+  assert lift.is_filter_empty(f) == (denote(f) == frozenset())  # flax guesses on nested DenyLists
+  assert isinstance(validate_filter(f), DenyList)
+
+
+@pytest.mark.parametrize('a,b', list(itertools.product(FLAX_FILTERS, FILTERS)))
+def test_flax_denylist_in_the_algebra_gives_our_filters(a, b):
+  for x, y in [(a, b), (b, a)]:
+    for op, expected in [(lift.union_filters, denote(x) | denote(y)),
+                         (lift.intersect_filters, denote(x) & denote(y)),
+                         (lift.subtract_filters, denote(x) - denote(y))]:
+      result = op(x, y)
+      assert denote(result) == expected
+      assert not isinstance(result, flax.core.DenyList)
+
+
+def test_flax_denylist_converts_to_ours_at_any_depth():
+  assert DenyList(flax.core.DenyList('a')) == DenyList(DenyList('a'))
+  assert validate_filter(flax.core.DenyList(flax.core.DenyList(['a']))) == DenyList(DenyList('a'))
+  with pytest.raises(InvalidFilterError):
+    validate_filter(flax.core.DenyList(3))
+
+
+def test_group_collections_with_flax_denylist_matches_flax():
+  xs = {'params': 1, 'batch_stats': 2, 'cache': 3, 'intermediates': 4}
+  filters = ['params', flax.core.DenyList(['intermediates', 'cache'])]
+  theirs = flax.core.scope.group_collections(xs, filters)
+  assert lift.group_collections(xs, filters) == tuple(dict(g) for g in theirs)
+
+
+def _stateful(scope):
+  for col in ('params', 'stats', 'intermediates'):
+    scope.variable(col, 'v', lambda: jnp.float32(1)).value += 1
+  return 0
+
+
+@pytest.mark.parametrize('mutable', [flax.core.DenyList('intermediates'),
+                                     flax.core.DenyList(['params', 'stats']),
+                                     flax.core.DenyList(flax.core.DenyList('stats'))])
+def test_lift_apply_and_init_take_flax_denylist_as_flax_core(mutable):
+  variables = {col: {'v': jnp.float32(1)} for col in ('params', 'stats', 'intermediates')}
+  def run(M):
+    try:
+      return M.apply(_stateful, mutable=mutable)(variables)
+    except Exception as e:  # the same collections are immutable in both
+      return type(e).__name__
+  ours, theirs = run(lift), run(flax.core)
+  assert (ours == 'ImmutableCollectionError') == (theirs == 'ModifyScopeVariableError')
+  if not isinstance(ours, str):
+    assert jax.tree.map(float, ours) == jax.tree.map(float, dict(theirs))
+
+
+def test_linen_ext_apply_takes_flax_denylist_as_flax_linen():
+  import flax.linen as nn
+
+  import linen_ext
+
+  def make(M):
+    class Net(M.Module):
+      @M.compact
+      def __call__(self, x):
+        x = M.Dense(2)(x)
+        self.sow('intermediates', 'h', x)
+        count = self.variable('counter', 'n', lambda: jnp.int32(0))
+        count.value += 1
+        return x
+    return Net()
+
+  x, key = jnp.ones((1, 3)), jax.random.key(0)
+  init_mutable = flax.core.DenyList(flax.core.DenyList(['params', 'counter']))
+  for mutable in [flax.core.DenyList('intermediates'),
+                  flax.core.DenyList(['params', 'intermediates'])]:
+    runs = []
+    for M in (nn, linen_ext):
+      variables = make(M).init(key, x, mutable=init_mutable)
+      runs.append((variables, make(M).apply(variables, x, mutable=mutable,
+                                            capture_intermediates=True)))
+    assert jax.tree.map(jnp.shape, runs[0]) == jax.tree.map(jnp.shape, runs[1])
+    jax.tree.map(np.testing.assert_allclose, runs[0], runs[1])

@@ -257,8 +257,6 @@ def test_variables_and_mutable_variables_on_root_and_child_match_flax():
     check(lambda L: fn, lambda M, fn: M.apply(fn, mutable=mutable)(variables))
 
 
-@pytest.mark.xfail(strict=True, reason='variables() and apply(mutable=...) drop empty '
-                   'collections; flax.core keeps {"params": {}} (lift/scope.py Scope.variables)')
 def test_empty_collections_are_kept_as_flax():
   fn = lambda s: s.variable('stats', 'a', lambda: jnp.float32(1)).value
   check(lambda L: fn, lambda M, fn: M.apply(fn, mutable=True)({'params': {}}))
@@ -657,9 +655,6 @@ def test_map_variables_over_every_collection_and_swap_collection_match_flax():
         lambda M, fn: M.apply(fn, mutable=True)({'a': {'x': jnp.float32(1)}, 'b': {'x': jnp.float32(2)}}))
 
 
-@pytest.mark.xfail(strict=True, raises=lift.LiftError, reason='map_variables(init=True): the init '
-                   'pass keeps only what repack returns, so immutable mapped collections (params) '
-                   'vanish (lift/map_variables.py _init_pass); Flax shares the bug')
 def test_map_variables_init_with_part_of_the_mapped_collections_mutable():
   """map_variables(init=True) over ['params', 'stats'], applied with only 'stats' mutable:
   y and the new stats must be those of applying with everything mutable (Flax fails here too,

@@ -128,3 +128,35 @@ def test_counter_survives_and_immutable_counter_is_rejected(transform):
 def test_invalid_mapped_collections_filter():
   with pytest.raises(errors.InvalidFilterError):
     lift.map_variables(linear, 3)
+
+
+def _running_mean(scope, x):
+  y = linear(scope, x, 3)
+  mean = scope.variable('stats', 'mean', lambda: jnp.zeros(3))
+  mean.value = 0.9 * mean.value + y.mean(0)
+  return y
+
+
+def test_init_pass_keeps_the_immutable_mapped_collections():
+  """Flax's init pass keeps only the mutable mapped collections, so 'params' goes missing."""
+  double = lambda c: jax.tree.map(lambda a: 2 * a, c)
+  halve = lambda c: jax.tree.map(lambda a: a / 2, c)
+  seen = []
+  def map_out(c):
+    seen.append(sorted(c))
+    return halve(c)
+  mapped = lift.map_variables(_running_mean, ['params', 'stats'], double, map_out,
+                              init=True, mutable=True)
+  _, variables = lift.init(mapped)(RNGS, X)
+  y_all, all_mutable = lift.apply(mapped, mutable=True)(variables, X)
+  seen.clear()
+  y, stats_only = lift.apply(mapped, mutable='stats')(variables, X)
+  assert seen[0] == ['params', 'stats']  # map_out_fn sees every mapped collection
+  assert sorted(stats_only) == ['stats']
+  np.testing.assert_allclose(y, y_all, rtol=1e-6)
+  assert_trees_close(stats_only['stats'], all_mutable['stats'])
+  flax_mapped = flax_lift.map_variables(_running_mean, ['params', 'stats'], double, halve,
+                                        init=True, mutable=True)
+  y_flax, flax_all = flax_apply(flax_mapped, mutable=True)(variables, X)
+  np.testing.assert_allclose(y, y_flax, rtol=1e-6)
+  assert_trees_close(stats_only['stats'], dict(flax_all)['stats'])

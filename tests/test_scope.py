@@ -181,3 +181,42 @@ def test_invalid_variables_and_rngs():
     lift.apply(dense)({'params': 3}, jnp.ones((1, 2)), 2)
   with pytest.raises(errors.InvalidRngsError, match='rngs must be a PRNG key'):
     lift.init(dense)(3, jnp.ones((1, 2)), 2)
+
+
+# -- empty collections: kept as flax.core keeps them -------------------------------------------
+
+def _stats(scope):
+  return scope.variable('stats', 'a', lambda: jnp.float32(1)).value
+
+
+def _nothing(scope):
+  return 0
+
+
+def _child_view(scope):
+  child = scope.push('c')
+  return sorted(child.variables()), sorted(child.mutable_variables())
+
+
+EMPTY_CASES = {
+    'mutable=True keeps the empty params': (_stats, True, {'params': {}}),
+    'an untouched empty mutable collection': (_nothing, 'stats', {'params': {}, 'stats': {}}),
+    'empty subtrees stay': (_stats, True, {'params': {}, 'other': {'c': {}}}),
+    'a child lists collections holding its path': (
+        _child_view, ['x'], {'params': {}, 'x': {'c': {}}, 'y': {'d': {}}, 'z': {}}),
+}
+
+
+@pytest.mark.parametrize('fn,mutable,variables', EMPTY_CASES.values(), ids=list(EMPTY_CASES))
+def test_empty_collections_given_to_apply_are_kept_as_flax_core(fn, mutable, variables):
+  ours = lift.apply(fn, mutable=mutable)(variables)
+  theirs = flax.core.apply(fn, mutable=mutable)(variables)
+  assert jax.tree.map(np.asarray, ours) == jax.tree.map(np.asarray, theirs)
+
+
+def test_init_and_bind_keep_empty_collections_as_flax_core():
+  key = jax.random.key(0)
+  assert lift.init(_nothing)(key) == flax.core.init(_nothing)(key) == (0, {})
+  variables = {'params': {}, 'a': {'x': {}}}
+  assert lift.bind(variables).variables() == flax.core.bind(variables).variables() == variables
+  assert lift.bind(variables, mutable='a').mutable_variables() == {'a': {'x': {}}}
