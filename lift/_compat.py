@@ -40,6 +40,14 @@ DropVar = _jex_core.DropVar
 Tracer = _jax_core.Tracer
 jaxpr_as_fun = _jex_core.jaxpr_as_fun
 convert_constvars_jaxpr = _pe.convert_constvars_jaxpr
+
+
+def prune_jaxpr(jaxpr: ClosedJaxpr, used_outputs: list[bool]) -> tuple[ClosedJaxpr, list[bool]]:
+  """`jaxpr` cut down to the used outputs (through nested jaxprs: pjit, checkpoint,
+  ...), and for each of its inputs whether those outputs read it."""
+  pruned, used_consts, used_inputs = _pe.dce_jaxpr_consts(jaxpr.jaxpr, used_outputs)
+  consts = [c for c, used in zip(jaxpr.consts, used_consts) if used]
+  return ClosedJaxpr(pruned, consts), used_inputs
 split_p = _lax.split_p
 
 

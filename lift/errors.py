@@ -154,6 +154,22 @@ class UnmappedCollectionError(LiftError):
     self.collections, self.path = tuple(sorted(cols)), path
 
 
+class UnliftedCollectionError(UnmappedCollectionError, ImmutableCollectionError):
+  """A write inside a lifted transform to a collection that is mutable outside it but that
+  the transform does not return (as in Flax, it is immutable inside: `sow` skips it)."""
+
+  def __init__(self, col, name, path, transform_name):
+    LiftError.__init__(
+        self, f'Cannot write variable "{name}" at "{_path_text(path)}": collection '
+        f'"{col}" is mutable outside the lifted `{transform_name or "pack"}` but it does '
+        'not return it, so the write would be lost. Fix: make the transform return '
+        f'"{col}": for vmap/scan add it to `variable_axes`, `variable_broadcast` or '
+        '`variable_carry`; for map_variables pass `mutable=True` (and `init=True` to '
+        'create it); for other transforms include it in `variables`.')
+    self.collection, self.name, self.path = col, name, path
+    self.collections = (col,)
+
+
 class InvalidVariablesError(LiftError, TypeError):
   """The variables passed to `apply`/`bind` are not a `{collection: {name: value}}` dict."""
 

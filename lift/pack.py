@@ -97,14 +97,16 @@ def _transpose(per_root: list[tuple[dict, ...]], filters) -> tuple[tuple[dict, .
 
 
 def inner_mutability(outer: Scope, spec: PackSpec, mutable_filter: Filter = True) -> Filter:
-  """What is mutable inside: outer-mutable collections that the transform returns,
+  """What is mutable inside: the outer-mutable collections that the transform returns.
 
-  plus outer-mutable collections it does not lift at all, so that creating one
-  inside is caught by :func:`repack` instead of being lost.
+  Others are immutable inside, as in Flax (`sow` skips them); a write to one
+  that is mutable outside raises `UnliftedCollectionError` (see `reconstruct`).
   """
-  returned = intersect_filters(outer.mutable, _union(spec.out_filters))
-  unlifted = subtract_filters(outer.mutable, _union(spec.in_filters))
-  return intersect_filters(union_filters(returned, unlifted), mutable_filter)
+  return intersect_filters(_returned(outer, spec), mutable_filter)
+
+
+def _returned(outer: Scope, spec: PackSpec) -> Filter:
+  return intersect_filters(outer.mutable, _union(spec.out_filters))
 
 
 def _union(filters: Sequence[Filter]) -> Filter:
@@ -123,6 +125,8 @@ def reconstruct(lifted: LiftedScopes, spec: PackSpec, created: list[Scope],
     inner = Scope(variables, rngs, outer.name, inner_mutability(outer, spec, mutable_filter),
                   path=outer.path, flags=outer.flags, rng_counters=outer.rng_counters)
     inner._debug_name = spec.name
+    inner._unlifted = union_filters(outer.root._unlifted,
+                                    subtract_filters(outer.mutable, _returned(outer, spec)))
     inner_roots.append(inner)
   created.extend(inner_roots)
   scopes = []

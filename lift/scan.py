@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax.core import axes_scan
-from lift._compat import Literal, Var
+from lift._compat import Var
 
 from lift import _compat, _counters, errors, loops
 from lift.filters import Filter
@@ -60,7 +60,13 @@ broadcast = _Broadcast()
 
 
 def _is_unmapped(axis: Any) -> bool:
-  return axis is None or axis is broadcast or axis is axes_scan.broadcast  # Flax's marker too
+  return axis is None or axis is broadcast or _is_flax_broadcast(axis)
+
+
+def _is_flax_broadcast(axis: Any) -> bool:
+  """Flax's own marker (``flax.linen.broadcast``), recognised without importing Flax's lifting."""
+  flax_scan = sys.modules.get('flax.core.axes_scan')
+  return flax_scan is not None and axis is getattr(flax_scan, 'broadcast', None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,33 +199,39 @@ def _step_shape(x: Any) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(aval.shape[1:], aval.dtype, weak_type=aval.weak_type)
 
 
-def _depends_on_inputs(jaxpr: Any) -> list[bool]:
-  """For each output of ``jaxpr``: whether it depends on an input (not only on constants)."""
+def _depends_on_inputs(jaxpr: Any, count: int) -> list[bool]:
+  """For each of the first ``count`` outputs of ``jaxpr``: whether it reads an input.
+
+  Equation by equation first; outputs that seem to depend on the loop are
+  then pruned out of the jaxpr, nested ones included: a step under
+  ``remat`` or ``jit`` is one equation whose other outputs read the carry.
+  """
   tainted = set(jaxpr.jaxpr.invars)
   for eqn in jaxpr.jaxpr.eqns:
     if any(isinstance(v, Var) and v in tainted for v in eqn.invars):
       tainted.update(eqn.outvars)
-  return [isinstance(v, Var) and v in tainted for v in jaxpr.jaxpr.outvars]
+  seen = [isinstance(v, Var) and v in tainted for v in jaxpr.jaxpr.outvars[:count]]
+  if not any(seen) or not _reads_inputs(jaxpr, seen):
+    return [False] * count
+  return [dep and _reads_inputs(jaxpr, [j == i for j in range(count)])
+          for i, dep in enumerate(seen)]
+
+
+def _reads_inputs(jaxpr: Any, outputs: list[bool]) -> bool:
+  used = outputs + [False] * (len(jaxpr.jaxpr.outvars) - len(outputs))
+  return any(_compat.prune_jaxpr(jaxpr, used)[1])
 
 
 def _evaluate_outputs(jaxpr: Any, count: int) -> list[Any]:
-  """The first ``count`` outputs of ``jaxpr``, running only the equations they need.
+  """The first ``count`` outputs of ``jaxpr``, running only what they need.
 
   They must not depend on its inputs (see :func:`_depends_on_inputs`), so no
   input is read: what runs is what Flax's partial evaluation runs before its
   loop, typically just the initializers of broadcast parameters.
   """
-  needed = {v for v in jaxpr.jaxpr.outvars[:count] if isinstance(v, Var)}
-  eqns = []
-  for eqn in reversed(jaxpr.jaxpr.eqns):
-    if any(v in needed for v in eqn.outvars):
-      eqns.append(eqn)
-      needed.update(v for v in eqn.invars if isinstance(v, Var))
-  env = dict(zip(jaxpr.jaxpr.constvars, jaxpr.consts))
-  read = lambda v: v.val if isinstance(v, Literal) else env[v]
-  for eqn in reversed(eqns):
-    env.update(zip(eqn.outvars, _compat.bind_equation(eqn, [read(v) for v in eqn.invars])))
-  return [read(v) for v in jaxpr.jaxpr.outvars[:count]]
+  used = [True] * count + [False] * (len(jaxpr.jaxpr.outvars) - count)
+  pruned, _ = _compat.prune_jaxpr(jaxpr, used)
+  return list(_compat.jaxpr_as_fun(pruned)())
 
 
 def _invariant_labels(invariant: Invariant) -> list[str]:
@@ -231,7 +243,7 @@ def _invariant_labels(invariant: Invariant) -> list[str]:
 
 def _check_invariant(jaxpr: Any, invariant: Invariant):
   labels = _invariant_labels(invariant)
-  bad = [label for label, dep in zip(labels, _depends_on_inputs(jaxpr)) if dep]
+  bad = [label for label, dep in zip(labels, _depends_on_inputs(jaxpr, len(labels))) if dep]
   if bad:
     raise errors.LoopInvariantError(_DEPENDS_ON_LOOP.format(
         labels='\n'.join(f'  * {label}' for label in bad)))

@@ -80,8 +80,7 @@ class Scope:
                parent: 'Scope | None' = None, path: tuple[str, ...] = (),
                flags: Mapping[str, Any] | None = None,
                rng_counters: RngCounters | None = None):
-    validate_filter(mutable)
-    self.name, self.parent, self.mutable = name, parent, mutable
+    self.name, self.parent, self.mutable = name, parent, validate_filter(mutable)
     self.path = tuple(path)
     self.rngs = {k: as_stream(v) for k, v in (rngs or {}).items()}
     self.flags = dict(flags or {})
@@ -93,7 +92,8 @@ class Scope:
     # Shared by a root and its rewound copies: invalidating the root ends them all.
     self._root_alive = parent._root_alive if parent is not None else [True]
     self._invalid = False
-    self._debug_name: str | None = None
+    self._debug_name: str | None = None  # the lifted transform that made this root
+    self._unlifted: Filter = False  # collections mutable outside it that it does not return
 
   # -- identity and validity ------------------------------------------------
 
@@ -146,6 +146,7 @@ class Scope:
                   None if rewind_rngs else self.rng_counters)
     if self.parent is None:
       scope._root_alive, scope._debug_name = self._root_alive, self._debug_name
+      scope._unlifted = self._unlifted
     return scope
 
   # -- names and children ---------------------------------------------------
@@ -236,14 +237,22 @@ class Scope:
     """Writes a variable; the collection must be mutable."""
     self._check_valid()
     if not self.is_mutable_collection(col):
+      self._check_lifted(col, name)
       raise errors.ImmutableCollectionError(col, name, self.path_text)
     self._mutable_collection(col)[name] = value
+
+  def _check_lifted(self, col: str, name: str):
+    """Raises for a write or creation in a collection this scope's transform does not return."""
+    if in_filter(self.root._unlifted, col):
+      raise errors.UnliftedCollectionError(col, name, self.path_text, self.root._debug_name)
 
   def variable(self, col: str, name: str, init_fn: Callable[..., T] | None = None,
                *init_args, unbox: bool = True, **init_kwargs) -> Variable[T]:
     """Returns the variable, creating it with ``init_fn(*init_args)`` if absent."""
     self.reserve(name, col)
     if not self.has_variable(col, name):
+      if init_fn is not None:
+        self._check_lifted(col, name)
       if init_fn is None or not self.is_mutable_collection(col):
         if self.is_collection_empty(col) and not self.is_mutable_collection(col):
           raise errors.MissingCollectionError(col, name, self.path_text)
@@ -263,6 +272,7 @@ class Scope:
       self._check_param_shape(name, value, init_fn, init_args, init_kwargs)
     else:
       if not self.is_mutable_collection('params'):
+        self._check_lifted('params', name)
         if self.is_collection_empty('params'):
           raise errors.MissingCollectionError('params', name, self.path_text)
         raise errors.MissingParamError(name, self.path_text)

@@ -82,7 +82,7 @@ def test_init_pass_rewinds_the_rngs():
 
 
 def test_without_init_or_mutable_the_mapped_collection_cannot_be_created():
-  with pytest.raises(errors.MissingCollectionError, match='params'):
+  with pytest.raises(errors.UnliftedCollectionError, match='"params".*init=True'):
     lift.init(lift.map_variables(linear, 'params', transpose))(RNGS, X, 3)
 
 
