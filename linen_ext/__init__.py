@@ -28,13 +28,15 @@ from lift.filters import DenyList
 from lift.scope import Scope, Variable
 
 from linen_ext import errors
-from linen_ext.entry import capture_call_intermediates
+from linen_ext.entry import apply, capture_call_intermediates, init, init_with_output
 from linen_ext.flax_adapter import FlaxModule, from_flax
-from linen_ext.layers import (BatchNorm, Conv, Dense, DenseGeneral, Dropout, Embed,
-                              FlaxLayer, GRUCell, LayerNorm, LSTMCell,
-                              MultiHeadAttention, MultiHeadDotProductAttention,
-                              RMSNorm, SelfAttention, Sequential)
-from linen_ext.module import Module, compact, nowrap
+from linen_ext.layers import (BatchNorm, Conv, ConvLocal, ConvLSTMCell, ConvTranspose,
+                              Dense, DenseGeneral, Dropout, Einsum, Embed, FlaxLayer,
+                              GroupNorm, GRUCell, InstanceNorm, LayerNorm, LSTMCell,
+                              MGUCell, MultiHeadAttention, MultiHeadDotProductAttention,
+                              OptimizedLSTMCell, PReLU, RMSNorm, SelfAttention, Sequential,
+                              SimpleCell)
+from linen_ext.module import Module, compact, nowrap, share_scope
 from linen_ext.variables_api import tuple_init, tuple_reduce
 from linen_ext.direct import (cond, custom_vjp, grad, jvp, switch, value_and_grad, vjp,
                               while_loop)

@@ -2,7 +2,9 @@
 
 ``apply(variables, x)`` is ``lift.apply(scope_fn)(variables, x)`` where
 ``scope_fn(scope, x)`` clones the module bound to ``scope`` (``parent=scope``)
-and calls the method on the clone.
+and calls the method on the clone. The functional forms ``apply(fn, module)``,
+``init(fn, module)`` and ``init_with_output(fn, module)`` (Flax's
+``flax.linen.apply`` and friends) do the same for any ``fn(module, *args)``.
 """
 from __future__ import annotations
 
@@ -10,6 +12,10 @@ import functools
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import jax
+from jax.extend import linear_util as lu
+from jax.interpreters import partial_eval as pe  # as flax.core.partial_eval: no public API
 
 import lift
 from lift.filters import DenyList, Filter, union_filters
@@ -66,6 +72,87 @@ def _capture_filter(capture: CaptureFilter, mutable: Filter) -> tuple[CaptureFil
   return capture, mutable
 
 
+def apply(fn: Callable[..., Any], module: Any, mutable: Filter = False,
+          capture_intermediates: CaptureFilter = False) -> Callable[..., Any]:
+  """``fn(bound_module, *args)`` as ``(variables, *args, rngs=None, **kwargs) -> y``
+  (``(y, mutated)`` if ``mutable``), like ``flax.linen.apply``.
+
+  >>> y = apply(lambda m, x: m.decode(m.encode(x)), AutoEncoder())(variables, x)
+  """
+  capture, mutable = _capture_filter(capture_intermediates, mutable)
+  return lift.apply(_scope_fn(module, fn, capture), mutable=mutable)
+
+
+def init_with_output(fn: Callable[..., Any], module: Any,
+                     mutable: Filter = DenyList('intermediates'),
+                     capture_intermediates: CaptureFilter = False) -> Callable[..., Any]:
+  """``fn(bound_module, *args)`` as ``(rngs, *args, **kwargs) -> (y, variables)``,
+  like ``flax.linen.init_with_output``.
+
+  >>> y, variables = init_with_output(lambda m, x: m.encode(x), AutoEncoder())(key, x)
+  """
+  capture, mutable = _capture_filter(capture_intermediates, mutable)
+  return lift.init(_scope_fn(module, fn, capture), mutable=mutable)
+
+
+def init(fn: Callable[..., Any], module: Any, mutable: Filter = DenyList('intermediates'),
+         capture_intermediates: CaptureFilter = False) -> Callable[..., dict[str, Any]]:
+  """``fn(bound_module, *args)`` as ``(rngs, *args, **kwargs) -> variables``,
+  like ``flax.linen.init``.
+
+  >>> variables = init(lambda m, x: m.encode(x), AutoEncoder())(key, x)
+  """
+  init_fn = init_with_output(fn, module, mutable, capture_intermediates)
+
+  @functools.wraps(init_fn)
+  def variables_only(*args, **kwargs):
+    return init_fn(*args, **kwargs)[1]
+
+  return variables_only
+
+
+def _lazy(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """``fn`` accepting ``jax.ShapeDtypeStruct`` for inputs its result must not read.
+
+  Partial evaluation: the operations on concrete inputs run, those that need a
+  placeholder are only traced (never run), so the result must not need them.
+  """
+
+  @functools.wraps(fn)
+  def wrapper(*args, **kwargs):
+    leaves, in_tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
+    out_tree = []
+
+    def flat_fn(*flat):
+      a, k = jax.tree_util.tree_unflatten(in_tree, flat)
+      out, tree = jax.tree_util.tree_flatten(fn(*a, **k))
+      out_tree.append(tree)
+      return out
+
+    debug = jax.api_util.debug_info('lazy_init', fn, args, kwargs)
+    _, outs, _ = pe.trace_to_jaxpr_nounits(lu.wrap_init(flat_fn, debug_info=debug),
+                                           [_partial_value(leaf) for _, leaf in leaves])
+    if any(unknown is not None for unknown, _ in outs):  # (aval if unknown, value)
+      holes = [_argument_name(path) for path, leaf in leaves
+               if isinstance(leaf, jax.ShapeDtypeStruct)]
+      raise errors.LazyInitError(', '.join(holes))
+    return jax.tree_util.tree_unflatten(out_tree[-1], [value for _, value in outs])
+
+  return wrapper
+
+
+def _partial_value(leaf: Any) -> pe.PartialVal:
+  if isinstance(leaf, jax.ShapeDtypeStruct):
+    return pe.PartialVal.unknown(jax.core.ShapedArray(leaf.shape, leaf.dtype))
+  return pe.PartialVal.known(leaf)
+
+
+def _argument_name(path: tuple) -> str:
+  """``args[0]['x']`` / ``kwargs['mask']`` from a path into ``(args, kwargs)``."""
+  head, rest = path[0], jax.tree_util.keystr(path[1:])
+  return f'args{rest}' if head.idx == 0 else f'kwargs{rest}'
+
+
 class EntryMixin:
   """Pure-function entry points of `Module`."""
 
@@ -77,9 +164,8 @@ class EntryMixin:
 
     >>> y, variables = Dense(2).init_with_output(jax.random.key(0), jnp.ones((1, 3)))
     """
-    fn = _unbound_method(self, method)
-    capture, mutable = _capture_filter(capture_intermediates, mutable)
-    return lift.init(_scope_fn(self, fn, capture), mutable=mutable)(rngs, *args, **kwargs)
+    return init_with_output(_unbound_method(self, method), self, mutable,
+                            capture_intermediates)(rngs, *args, **kwargs)
 
   def init(self, rngs: Any, *args, method: Any = None,
            mutable: Filter = DenyList('intermediates'),
@@ -93,6 +179,18 @@ class EntryMixin:
         capture_intermediates=capture_intermediates, **kwargs)
     return variables
 
+  def lazy_init(self, rngs: Any, *args, method: Any = None,
+                mutable: Filter = DenyList('intermediates'), **kwargs) -> dict[str, Any]:
+    """``init`` without computing on the inputs: pass ``jax.ShapeDtypeStruct`` for
+    inputs whose values the variables do not depend on (others concretely).
+
+    >>> variables = Dense(2).lazy_init(key, jax.ShapeDtypeStruct((1, 3), jnp.float32))
+    """
+    def init_variables(*args, **kwargs):
+      return self.init(rngs, *args, method=method, mutable=mutable, **kwargs)
+
+    return _lazy(init_variables)(*args, **kwargs)
+
   def apply(self, variables: Mapping[str, Any], *args, rngs: Any = None,
             method: Any = None, mutable: Filter = False,
             capture_intermediates: CaptureFilter = False, **kwargs) -> Any:
@@ -100,9 +198,7 @@ class EntryMixin:
 
     >>> y = Dense(2).apply(variables, jnp.ones((1, 3)))
     """
-    fn = _unbound_method(self, method)
-    capture, mutable = _capture_filter(capture_intermediates, mutable)
-    return lift.apply(_scope_fn(self, fn, capture), mutable=mutable)(
+    return apply(_unbound_method(self, method), self, mutable, capture_intermediates)(
         variables, *args, rngs=rngs, **kwargs)
 
   def bind(self, variables: Mapping[str, Any], *args, rngs: Any = None,

@@ -48,17 +48,6 @@ class ReservedNameError(ModuleError, TypeError):
         'arguments). Fix: rename the field, e.g. `layer_name: str`.')
 
 
-class MultipleCompactMethodsError(ModuleError, TypeError):
-  """More than one method of a Module class is marked `@compact`."""
-
-  def __init__(self, cls_name: str, methods: list[str]):
-    super().__init__(
-        f'`{cls_name}` has several @compact methods {sorted(methods)}; only '
-        'one method per class may define submodules inline. Fix: keep '
-        '@compact on one method (usually `__call__`) and define shared '
-        'submodules in `setup`.')
-
-
 class FrozenModuleError(ModuleError, AttributeError):
   """An attribute of a module was set outside `setup`."""
 
@@ -218,3 +207,14 @@ class LayerStackError(ModuleError, ValueError):
 class LayerMismatchError(LayerStackError):
   """Layers run as one loop (`scan_layers`) or stacked (`layers_to_stacked`)
   differ in their variables (names, shapes, dtypes) or in their code (class, fields)."""
+
+
+class LazyInitError(ModuleError, ValueError):
+  """`lazy_init` got a `jax.ShapeDtypeStruct` for an input the variables depend on."""
+
+  def __init__(self, placeholders: str):
+    super().__init__(
+        '`lazy_init(rngs, *args, **kwargs)` cannot create the variables: they depend on '
+        f'the value of an input passed as a jax.ShapeDtypeStruct ({placeholders}), which '
+        'gives only its shape and dtype. Fix: pass a concrete value for that input, or '
+        'call `init` instead.')

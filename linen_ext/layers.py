@@ -59,6 +59,7 @@ class FlaxLayer(Module):
   def _capture(self, method_name, y):
     del method_name, y  # flax captures the layer's own intermediates
 
+  @nowrap
   def _run(self, method: str, args: tuple, kwargs: dict) -> Any:
     scope = self._bound_scope(f'Calling `{type(self).__name__}.{method}`')
     return run_flax(scope, self.to_flax(), method, args, kwargs)
@@ -106,6 +107,36 @@ class BatchNorm(FlaxLayer):
   flax_class = flax_nn.BatchNorm
 
 
+class GroupNorm(FlaxLayer):
+  """`flax.linen.GroupNorm`: normalizes over groups of channels (``num_groups`` or ``group_size``)."""
+  flax_class = flax_nn.GroupNorm
+
+
+class InstanceNorm(FlaxLayer):
+  """`flax.linen.InstanceNorm`: normalizes each example's features over the other axes."""
+  flax_class = flax_nn.InstanceNorm
+
+
+class ConvTranspose(FlaxLayer):
+  """`flax.linen.ConvTranspose`: the transposed (fractionally strided) convolution."""
+  flax_class = flax_nn.ConvTranspose
+
+
+class ConvLocal(FlaxLayer):
+  """`flax.linen.ConvLocal`: a convolution with unshared weights per output position."""
+  flax_class = flax_nn.ConvLocal
+
+
+class Einsum(FlaxLayer):
+  """`flax.linen.Einsum`: ``einsum(einsum_str, x, kernel) + bias`` with a kernel of ``shape``."""
+  flax_class = flax_nn.Einsum
+
+
+class PReLU(FlaxLayer):
+  """`flax.linen.PReLU`: leaky ReLU with a learned negative slope."""
+  flax_class = flax_nn.PReLU
+
+
 class _RecurrentCell(FlaxLayer):
 
   @nowrap
@@ -118,7 +149,7 @@ class _RecurrentCell(FlaxLayer):
 
   @property
   def num_feature_axes(self) -> int:
-    """How many trailing axes of the input are features (1 for these cells)."""
+    """How many trailing axes of the input are features (1 but for `ConvLSTMCell`)."""
     return self.to_flax().num_feature_axes
 
 
@@ -130,6 +161,26 @@ class LSTMCell(_RecurrentCell):
 class GRUCell(_RecurrentCell):
   """`flax.linen.GRUCell`: ``(carry, x) -> (carry, y)``."""
   flax_class = flax_nn.GRUCell
+
+
+class OptimizedLSTMCell(_RecurrentCell):
+  """`flax.linen.OptimizedLSTMCell`: `LSTMCell`'s parameters, fused matmuls."""
+  flax_class = flax_nn.OptimizedLSTMCell
+
+
+class SimpleCell(_RecurrentCell):
+  """`flax.linen.SimpleCell`: the Elman cell ``h = act(W x + U h + b)``."""
+  flax_class = flax_nn.SimpleCell
+
+
+class MGUCell(_RecurrentCell):
+  """`flax.linen.MGUCell`: the minimal gated unit."""
+  flax_class = flax_nn.MGUCell
+
+
+class ConvLSTMCell(_RecurrentCell):
+  """`flax.linen.ConvLSTMCell`: an LSTM cell whose matmuls are convolutions."""
+  flax_class = flax_nn.ConvLSTMCell
 
 
 class MultiHeadDotProductAttention(FlaxLayer):

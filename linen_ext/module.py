@@ -10,9 +10,11 @@ a scope. Binding happens in three ways, as in Flax:
 * passed in from outside (``parent=None``) as a field or setup attribute: it is
   cloned and adopted under the attribute name.
 
-Every public method is wrapped so that ``setup`` runs lazily before it and a
-``@compact`` method gets fresh automatic names on each call (its scope is
-rewound afterwards, so a second call reuses the same variables).
+Every method a subclass defines, private ones included, is wrapped (as in
+Flax) so that ``setup`` runs lazily before it and a ``@compact`` method gets
+fresh automatic names on each call (its scope is rewound afterwards, so a
+second call reuses the same variables). A class may have several ``@compact``
+methods; automatic names continue across nested calls of them.
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ import typing
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
+
+from flax.core import FrozenDict
 
 from lift.scope import Scope
 
@@ -97,15 +101,17 @@ def map_modules(fn: Callable[[str, Any], Any], tree: Any, suffix: str = '') -> A
 
   ``suffix`` is Flax's naming of a module inside an attribute: ``''`` for the
   attribute itself, ``'_0'`` for ``layers[0]``, ``'_a_1'`` for ``{'a': [_, m]}``.
-  Lists come back as tuples, as Flax freezes setup attributes.
+  The result is frozen as Flax freezes module attributes: lists become tuples,
+  dicts become ``FrozenDict``.
 
-  >>> map_modules(lambda suffix, m: suffix, [Dense(1), {'a': Dense(2)}])
-  ('_0', {'a': '_1_a'})
+  >>> map_modules(lambda suffix, m: suffix, [Dense(1), {'a': Dense(2)}])[1]['a']
+  '_1_a'
   """
   if isinstance(tree, Module):
     return fn(suffix, tree)
   if isinstance(tree, Mapping):
-    return type(tree)({k: map_modules(fn, v, f'{suffix}_{k}') for k, v in tree.items()})
+    mapped = {k: map_modules(fn, v, f'{suffix}_{k}') for k, v in tree.items()}
+    return FrozenDict(mapped) if isinstance(tree, (dict, FrozenDict)) else type(tree)(mapped)
   if isinstance(tree, (list, tuple)):
     items = [map_modules(fn, v, f'{suffix}_{i}') for i, v in enumerate(tree)]
     return type(tree)(*items) if hasattr(tree, '_fields') else tuple(items)
@@ -136,7 +142,6 @@ class Module(VariablesMixin, EntryMixin):
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
     _make_dataclass(cls)
-    _check_one_compact_method(cls)
     _wrap_local_methods(cls)
 
   # -- construction and binding ---------------------------------------------
@@ -178,6 +183,7 @@ class Module(VariablesMixin, EntryMixin):
       raise errors.NameInUseError('submodule', self.name, type(parent).__name__,
                                   parent.scope.path)
     object.__setattr__(self, 'scope', parent.scope.push(self.name, reuse=reuse))
+    _children(parent)[self.name] = self
 
   def autoname_prefix(self) -> str:
     """The prefix of automatic names, ``ClassName`` as in Flax.
@@ -326,6 +332,15 @@ class Module(VariablesMixin, EntryMixin):
           attrs[field.name] = map_modules(clone_child, attrs[field.name])
     return type(self)(**attrs)
 
+  def copy(self: M, *, parent: Any = UNSPECIFIED, name: str | None = None, **updates) -> M:
+    """A deep copy (``updates`` applied) attached like a new module: by default to
+    the module whose method is running, under ``name`` or a fresh automatic name.
+
+    >>> Dense(3, name='a').copy(name='b', features=4).name
+    'b'
+    """
+    return self.clone(parent=parent, name=name, _deep_clone=True, **updates)
+
   @property
   def path(self) -> tuple[str, ...]:
     """The names from the root module down to this one (``()`` at the top).
@@ -334,6 +349,14 @@ class Module(VariablesMixin, EntryMixin):
     ('dense',)
     """
     return self._bound_scope('Reading `path`').path
+
+
+def _children(module: Module) -> dict[str, Module]:
+  """The submodules bound below ``module`` so far, by name (``share_scope`` moves them).
+
+  Kept under Module's name-mangled key, so no attribute of a subclass can clash.
+  """
+  return module.__dict__.setdefault('_Module__children', {})
 
 
 def _make_dataclass(cls: type) -> None:
@@ -347,18 +370,68 @@ def _make_dataclass(cls: type) -> None:
   dataclasses.dataclass(cls, unsafe_hash='__hash__' not in cls.__dict__, repr=True)
 
 
-def _check_one_compact_method(cls: type) -> None:
-  names = {name for klass in cls.__mro__ for name, attr in vars(klass).items()
-           if getattr(getattr(attr, 'inner_fun', attr), 'compact', False)}
-  if len(names) > 1:
-    raise errors.MultipleCompactMethodsError(cls.__name__, list(names))
+# Methods a subclass may define that are never wrapped: the dataclass-generated ones
+# (as in Flax) and Module's own machinery (hooks such as `_capture` that subclasses
+# override); every other method, private ones included, is wrapped as in Flax.
+_DATACLASS_METHODS = frozenset({'__init__', '__repr__', '__eq__', '__hash__'})
+
+
+def _machinery_names() -> set[str]:
+  return {name for klass in Module.__mro__[:-1] for name in vars(klass)
+          if name.startswith('_')}
 
 
 def _wrap_local_methods(cls: type) -> None:
-  field_names = {f.name for f in dataclasses.fields(cls)}
+  skip = {f.name for f in dataclasses.fields(cls)} | _DATACLASS_METHODS | _machinery_names()
   for key, attr in list(vars(cls).items()):
-    if key in field_names or (key.startswith('_') and key != '__call__'):
+    if key in skip:
       continue
     if callable(attr) and not isinstance(attr, (type, staticmethod, classmethod)) \
         and not getattr(attr, 'nowrap', False):
       setattr(cls, key, wrap_method(attr))
+
+
+def share_scope(module: Module, other: Module, /) -> None:
+  """Makes ``module`` and ``other`` use one scope (one set of variables), as Flax's.
+
+  If ``other`` lives below ``module`` (e.g. a setup attribute), ``other`` moves up
+  into ``module``'s scope; otherwise ``module`` moves into ``other``'s (a wrapper
+  around a layer passed in). Existing children move along with the one that moves.
+
+  >>> class Wrapper(Module):
+  ...   def setup(self):
+  ...     self.inner = Inner()
+  ...     share_scope(self, self.inner)   # Inner's variables sit at Wrapper's path
+  """
+  for m in (module, other):
+    if m.scope is None:
+      raise errors.UnboundModuleError(type(m).__name__, 'Calling `share_scope`')
+  if _is_below(other.scope, module.scope):
+    _move_scope(other, module.scope)
+  else:
+    _move_scope(module, other.scope)
+
+
+def _is_below(scope: Scope, ancestor: Scope) -> bool:
+  node: Scope | None = scope
+  while node is not None:
+    if node.identity == ancestor.identity:
+      return True
+    node = node.parent
+  return False
+
+
+def _move_scope(module: Module, scope: Scope) -> None:
+  """Binds ``module`` to ``scope`` and moves its existing children below it.
+
+  A moved child keeps its rng streams and counters (its keys do not change), as
+  in Flax, where only its parent pointer changes.
+  """
+  old = module.scope
+  object.__setattr__(module, 'scope', scope)
+  for child in _children(module).values():
+    if child.scope is not None and child.scope.parent is not None \
+        and child.scope.parent.identity == old.identity:
+      moved = scope.push(child.scope.name)
+      moved.rngs, moved.rng_counters = child.scope.rngs, child.scope.rng_counters
+      _move_scope(child, moved)

@@ -55,6 +55,12 @@ LAYERS = {
     'Dropout': lambda nn: nn.Dropout(0.5, deterministic=False),
     'MultiHeadDotProductAttention': lambda nn: nn.MultiHeadDotProductAttention(
         num_heads=2, qkv_features=4, dropout_rate=0.5, deterministic=False),
+    'GroupNorm': lambda nn: nn.GroupNorm(num_groups=2),
+    'InstanceNorm': lambda nn: nn.InstanceNorm(use_scale=False),
+    'ConvTranspose': lambda nn: nn.ConvTranspose(3, (2,), strides=(2,)),
+    'ConvLocal': lambda nn: nn.ConvLocal(3, (2,)),
+    'Einsum': lambda nn: nn.Einsum((4, 5), 'abc,cd->abd'),
+    'PReLU': lambda nn: nn.PReLU(negative_slope_init=0.2),
 }
 @pytest.mark.parametrize('name', sorted(LAYERS))
 def test_ready_made_layer_matches_flax(name):
@@ -93,6 +99,26 @@ def test_embed_attend_and_recurrent_cells():
     return Model()
 
   check(make, jnp.array([[0, 1, 2], [3, 4, 0]]))
+
+
+@pytest.mark.parametrize('name', ['OptimizedLSTMCell', 'SimpleCell', 'MGUCell', 'ConvLSTMCell'])
+def test_more_recurrent_cells_match_flax(name):
+  def make(nn):
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        if name == 'ConvLSTMCell':
+          cell, inputs = nn.ConvLSTMCell(5, (2,)), x
+        else:
+          cell, inputs = getattr(nn, name)(5), x[:, 0]
+        carry = cell.initialize_carry(jax.random.key(5), inputs.shape)
+        for _ in range(2):
+          carry, y = cell(carry, inputs)
+        return carry, y, cell.num_feature_axes
+    return Model()
+
+  variables = check(make, X)
+  assert set(variables['params']) == {f'{name}_0'}
 
 
 def test_mha_decode_cache_follows_mutability():

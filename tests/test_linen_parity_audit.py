@@ -1590,9 +1590,6 @@ def test_errors_fire_where_flax_errors():
 # -- differences found by the audit -------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    'a private @compact method (leading underscore) is not wrapped by Module, so creating a '
-    'submodule in it raises SubmoduleOutsideSetupError; Flax wraps it'))
 def test_private_compact_method():
   def build(nn):
     class Model(nn.Module):
@@ -1607,9 +1604,6 @@ def test_private_compact_method():
   check(build)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    'private methods are not wrapped, so capture_intermediates misses them (documented in '
-    'notes/0003 as a limitation; Flax captures them)'))
 def test_capture_intermediates_of_private_methods():
   def build(nn):
     class Model(nn.Module):
@@ -1628,9 +1622,6 @@ def test_capture_intermediates_of_private_methods():
   check(build)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    'several @compact methods: flax 0.12.8 accepts them (names continue across methods); we '
-    'raise MultipleCompactMethodsError (tests/test_module_errors.py expects the error)'))
 def test_two_compact_methods_like_flax():
   def build(nn):
     class Model(nn.Module):
@@ -1646,8 +1637,6 @@ def test_two_compact_methods_like_flax():
   check(build)
 
 
-@pytest.mark.xfail(strict=True, reason='flax.linen.apply / init / init_with_output (functional '
-                                       'forms) are missing from linen_ext')
 def test_functional_apply_and_init():
   def build(nn):
     class Model(nn.Module):
@@ -1664,7 +1653,6 @@ def test_functional_apply_and_init():
   check(build)
 
 
-@pytest.mark.xfail(strict=True, reason='Module.lazy_init and Module.copy are missing')
 def test_lazy_init_and_copy():
   def build(nn):
     class Model(nn.Module):
@@ -1677,7 +1665,6 @@ def test_lazy_init_and_copy():
   check(build)
 
 
-@pytest.mark.xfail(strict=True, reason='flax.linen.share_scope is missing')
 def test_share_scope():
   def build(nn):
     class Inner(nn.Module):
@@ -1726,9 +1713,6 @@ def test_scan_accepts_check_constancy_invariants():
   check(build)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    'dicts assigned in setup stay mutable dicts; Flax freezes them to FrozenDict (lists to '
-    'tuples, which we do too)'))
 def test_setup_dict_attributes_are_frozen():
   def build(nn):
     class Model(nn.Module):

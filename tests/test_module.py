@@ -320,3 +320,180 @@ def test_linen_ext_imports_no_flax_scope_or_lifting():
       elif isinstance(node, ast.Import):
         imported += [a.name for a in node.names]
   assert imported and not [m for m in imported if m.startswith(forbidden)]
+
+
+# -- private methods, several compact methods, share_scope, copy (all as Flax) -------------
+
+
+def test_private_methods_are_wrapped_like_flax():
+  def make(nn):
+    class Model(nn.Module):
+      def setup(self):
+        self.proj = nn.Dense(3)
+
+      @nn.compact
+      def _embed(self, x):
+        return nn.Dense(3)(x)
+
+      def _project(self, x):
+        return self.proj(x)
+
+      def __call__(self, x):
+        return self._project(self._embed(x)) + self._embed(x)
+    return Model
+
+  variables = check_parity(make, X)
+  assert set(variables['params']) == {'Dense_0', 'proj'}
+  # A private method called on a bound module runs setup first, as a public one does.
+  h = jnp.ones((2, 3))
+  np.testing.assert_array_equal(make(nn)().bind(variables)._project(h),
+                                make(flax_nn)().bind(variables)._project(h))
+
+
+def test_several_compact_methods_name_like_flax():
+  def make(nn):
+    class Model(nn.Module):
+      def __call__(self, x):
+        # Outermost calls restart the names (Dense_0 twice: shared); nested ones continue.
+        return self.first(x) + self.second(x) + self.nested(x)
+
+      @nn.compact
+      def first(self, x):
+        return nn.Dense(3)(x)
+
+      @nn.compact
+      def second(self, x):
+        return nn.Dense(3)(x)
+
+      @nn.compact
+      def nested(self, x):
+        return nn.Dense(3)(x) + self.first(x) + self.second(x)
+    return Model
+
+  variables = check_parity(make, X)
+  assert set(variables['params']) == {'Dense_0', 'Dense_1', 'Dense_2'}
+
+
+def test_share_scope_like_flax():
+  def make(nn):
+    class Inner(nn.Module):
+      sub: nn.Module
+
+      @nn.compact
+      def __call__(self, x):
+        return self.sub(x) + nn.Dense(3, name='own')(x)
+
+    class Wrapped(nn.Module):  # the child (and its field submodule) move up to the parent
+      def setup(self):
+        self.inner = Inner(nn.Dense(3, parent=None))
+        nn.share_scope(self, self.inner)
+
+      def __call__(self, x):
+        return self.inner(x)
+
+    class LoRA(nn.Module):  # the wrapper moves into the scope of the layer passed in
+      base: nn.Module
+
+      def setup(self):
+        nn.share_scope(self, self.base)
+
+      @nn.compact
+      def __call__(self, x):
+        a = self.param('a', nn.initializers.normal(1.0), (x.shape[-1], 2))
+        return self.base(x) + (x @ a).sum(-1, keepdims=True)
+
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return Wrapped()(x) + LoRA(nn.Dense(3))(x)
+    return Model
+
+  variables = check_parity(make, X)
+  assert set(variables['params']['Wrapped_0']) == {'own', 'sub'}
+  assert set(variables['params']['Dense_0']) == {'a', 'kernel', 'bias'}
+
+
+def test_copy_like_flax():
+  def make(nn):
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        dense = nn.Dense(3)
+        y = dense(x)
+        fresh, named = dense.copy(), dense.copy(name='named', features=5)
+        return y + fresh(x), named(x).sum()
+    return Model
+
+  variables = check_parity(make, X)
+  assert set(variables['params']) == {'Dense_0', 'Dense_1', 'named'}
+  assert nn.Dense(3, name='a').copy(name='b').name == 'b'
+  assert nn.Dense(3, name='a').copy().name is None
+
+
+# -- functional entry points and lazy_init ----------------------------------------------------
+
+
+def test_functional_init_and_apply_like_flax():
+  def run(nn):
+    class AutoEncoder(nn.Module):
+      def setup(self):
+        self.encoder, self.decoder = nn.Dense(2), nn.Dense(4)
+
+      def __call__(self, x):
+        self.sow('counts', 'calls', 1)
+        return self.decoder(self.encoder(x))
+
+    def encode(m, x):
+      return m.encoder(x)
+
+    variables = nn.init(lambda m, x: m(x), AutoEncoder(), mutable=['params'])(KEY, X)
+    z, encoder_only = nn.init_with_output(encode, AutoEncoder())(KEY, X)
+    y, state = nn.apply(lambda m, x: m(x), AutoEncoder(), mutable=['counts'],
+                        capture_intermediates=True)(variables, X)
+    return variables, z, encoder_only, y, state
+
+  assert_same_tree(run(nn), run(flax_nn))
+
+
+def test_lazy_init_like_flax_without_running_the_forward_pass():
+  ran = []
+
+  def make(nn):
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x, train=True):
+        y = nn.Dense(3)(x)
+        if train:
+          y = nn.BatchNorm(use_running_average=False)(y)
+        jax.debug.callback(lambda v: ran.append(v), y)
+        return y
+    return Model
+
+  x = jax.ShapeDtypeStruct(X.shape, X.dtype)
+  ours = make(nn)().lazy_init(KEY, x, train=True)
+  assert_same_tree(ours, make(flax_nn)().lazy_init(KEY, x, train=True))
+  assert_same_tree(ours, make(nn)().init(KEY, X, train=True))
+  assert len(ran) == 1  # only the eager init above ran the forward pass
+  assert set(make(nn)().lazy_init(KEY, x, train=False)['params']) == {'Dense_0'}
+
+
+def test_module_attributes_are_frozen_like_flax():
+  import types
+
+  from flax.core import FrozenDict
+
+  class Model(nn.Module):
+    config: dict
+
+    def setup(self):
+      self.table = {'a': [1, {'b': 2}]}
+      self.proxy = types.MappingProxyType({'a': [1]})
+
+    def __call__(self):
+      return self.config, self.table, self.proxy
+
+  config, table, proxy = Model({'z': [1]}).apply({})
+  assert config == FrozenDict({'z': (1,)}) and isinstance(config, FrozenDict)
+  assert table == FrozenDict({'a': (1, FrozenDict({'b': 2}))})
+  assert type(proxy) is types.MappingProxyType  # not a dict: kept as is, as in Flax
+  assert type(Model({'z': [1]}).config) is dict  # unbound: untouched, as in Flax

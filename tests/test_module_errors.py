@@ -1,6 +1,7 @@
 """Misuse of the Module system raises a `ModuleError` that names the culprit and the fix."""
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import linen_ext as nn
@@ -107,16 +108,48 @@ def test_reserved_field_names():
       name: str
 
 
-def test_two_compact_methods():
-  with pytest.raises(errors.MultipleCompactMethodsError, match="__call__.*encode"):
-    class Model(nn.Module):  # noqa: F841
-      @nn.compact
-      def __call__(self, x):
-        return x
+def test_two_compact_methods_are_accepted_as_in_flax():
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(2)(x) + self.encode(x)
 
-      @nn.compact
-      def encode(self, x):
-        return x
+    @nn.compact
+    def encode(self, x):
+      return nn.Dense(2)(x)
+
+  params = Model().init(KEY, X)['params']
+  assert set(params) == {'Dense_0', 'Dense_1'}
+
+
+def test_submodule_in_a_private_method_that_is_not_compact():
+  class Model(nn.Module):
+    def _helper(self, x):
+      return nn.Dense(2)(x)
+
+    def __call__(self, x):
+      return self._helper(x)
+
+  with pytest.raises(errors.SubmoduleOutsideSetupError, match=r'`Dense`.*`Model`.*@nn.compact'):
+    Model().init(KEY, X)
+
+
+def test_lazy_init_names_the_input_the_variables_read():
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x, *, scale):
+      return self.param('w', lambda key: scale.sum() * jnp.ones(2))
+
+  shape = jax.ShapeDtypeStruct((2,), jnp.float32)
+  with pytest.raises(errors.LazyInitError, match=r"kwargs\['scale'\].*concrete value"):
+    Model().lazy_init(KEY, shape, scale=shape)
+  variables = Model().lazy_init(KEY, shape, scale=jnp.ones(2))
+  np.testing.assert_array_equal(variables['params']['w'], 2.0 * np.ones(2))
+
+
+def test_share_scope_of_an_unbound_module():
+  with pytest.raises(errors.UnboundModuleError, match='share_scope.*`Mlp`'):
+    nn.share_scope(Mlp(), Mlp())
 
 
 def test_invalid_parent_and_method():
