@@ -18,7 +18,9 @@ def hide_from_tracebacks(package_file: str) -> None:
 
 
 # --- as_scan (lift.causal): jaxpr types, primitives, custom-primitive hooks.
+import jax as _jax
 from jax import lax as _lax
+from jax.extend import linear_util as _lu
 import jax.core as _jax_core
 import jax.extend.core as _jex_core
 from jax.extend.core import primitives as scan_primitives  # noqa: F401
@@ -49,6 +51,20 @@ def prune_jaxpr(jaxpr: ClosedJaxpr, used_outputs: list[bool]) -> tuple[ClosedJax
   consts = [c for c, used in zip(jaxpr.consts, used_consts) if used]
   return ClosedJaxpr(pruned, consts), used_inputs
 split_p = _lax.split_p
+
+
+def evaluate_known(flat_fn, inputs: list, debug_info) -> list | None:
+  """``flat_fn(*inputs)`` where some inputs are ``jax.ShapeDtypeStruct`` placeholders.
+
+  Partial evaluation: operations on values run, those that need a placeholder
+  are only traced. Returns the outputs, or None if one needs a placeholder.
+  """
+  partial = [_pe.PartialVal.unknown(_jax_core.ShapedArray(x.shape, x.dtype))
+             if isinstance(x, _jax.ShapeDtypeStruct) else _pe.PartialVal.known(x) for x in inputs]
+  _, outs, _ = _pe.trace_to_jaxpr_nounits(_lu.wrap_init(flat_fn, debug_info=debug_info), partial)
+  if any(unknown is not None for unknown, _ in outs):  # (aval if unknown, value)
+    return None
+  return [value for _, value in outs]
 
 
 def source_summary(eqn: JaxprEqn) -> str:

@@ -14,10 +14,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-from jax.extend import linear_util as lu
-from jax.interpreters import partial_eval as pe  # as flax.core.partial_eval: no public API
 
 import lift
+from lift import _compat
 from lift.filters import DenyList, Filter, union_filters
 
 from linen_ext import errors
@@ -130,21 +129,14 @@ def _lazy(fn: Callable[..., Any]) -> Callable[..., Any]:
       return out
 
     debug = jax.api_util.debug_info('lazy_init', fn, args, kwargs)
-    _, outs, _ = pe.trace_to_jaxpr_nounits(lu.wrap_init(flat_fn, debug_info=debug),
-                                           [_partial_value(leaf) for _, leaf in leaves])
-    if any(unknown is not None for unknown, _ in outs):  # (aval if unknown, value)
+    outs = _compat.evaluate_known(flat_fn, [leaf for _, leaf in leaves], debug)
+    if outs is None:
       holes = [_argument_name(path) for path, leaf in leaves
                if isinstance(leaf, jax.ShapeDtypeStruct)]
       raise errors.LazyInitError(', '.join(holes))
-    return jax.tree_util.tree_unflatten(out_tree[-1], [value for _, value in outs])
+    return jax.tree_util.tree_unflatten(out_tree[-1], outs)
 
   return wrapper
-
-
-def _partial_value(leaf: Any) -> pe.PartialVal:
-  if isinstance(leaf, jax.ShapeDtypeStruct):
-    return pe.PartialVal.unknown(jax.core.ShapedArray(leaf.shape, leaf.dtype))
-  return pe.PartialVal.known(leaf)
 
 
 def _argument_name(path: tuple) -> str:

@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -230,7 +230,7 @@ def _fingerprint(value: Any, seen: dict[int, int]) -> Any:
     return type(value), fields, (state.in_setup, state.in_compact_method,
                                  int(bool(state.setup_called)),
                                  tuple(sorted(state.autoname_cursor.items())))
-  if isinstance(value, dict):
+  if isinstance(value, Mapping):  # dict and FrozenDict (setup freezes dicts, as Flax)
     return tuple((k, _fingerprint(v, seen)) for k, v in value.items())
   if isinstance(value, (list, tuple)):
     return type(value), tuple(_fingerprint(v, seen) for v in value)
