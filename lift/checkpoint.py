@@ -6,6 +6,7 @@ Also the argument-index checks shared by the transforms that take
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -75,20 +76,36 @@ def _rematted_body(fn, scope_fn, repack_fn, variable_groups, rng_groups, *args, 
   return y, repack_fn(scope)
 
 
-def _checkpoint_groups(fn, static_argnums, prevent_cse, policy, scope_fn, repack_fn,
-                       variable_groups, rng_groups, *args, **kwargs):
+def _checkpoint_groups(fn, static_argnums, static_argnames, prevent_cse, policy, scope_fn,
+                       repack_fn, variable_groups, rng_groups, *args, **kwargs):
   check_in_range('checkpoint', 'static_argnums', static_argnums, len(args), 'after the scope')
+  named = _named_positions(fn, static_argnames)
+  static_argnums = tuple(sorted(set(static_argnums) | {i for i in named if i < len(args)}))
+  # jax.checkpoint has no static_argnames: static keyword arguments are closed over.
+  static = {k: v for k, v in kwargs.items() if k in static_argnames}
   rematted = jax.checkpoint(
-      functools.partial(_rematted_body, fn, scope_fn, repack_fn),
+      functools.partial(_rematted_body, fn, scope_fn, repack_fn, **static),
       prevent_cse=prevent_cse, policy=policy,
       static_argnums=tuple(i + 2 for i in static_argnums))
-  return rematted(variable_groups, rng_groups, *args, **kwargs)
+  dynamic = {k: v for k, v in kwargs.items() if k not in static_argnames}
+  return rematted(variable_groups, rng_groups, *args, **dynamic)
+
+
+def _named_positions(fn: Callable[..., Any], names: frozenset[str]) -> tuple[int, ...]:
+  """Positions (first argument after the scope = 0) of ``fn``'s parameters called ``names``."""
+  try:
+    parameters = list(inspect.signature(fn).parameters.values())[1:]
+  except (TypeError, ValueError):
+    return ()
+  kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+  return tuple(i for i, p in enumerate(parameters) if p.kind in kinds and p.name in names)
 
 
 def checkpoint(fn: Callable[..., Any], variables: Filter = True, rngs: Filter = True,
                concrete: bool = False, prevent_cse: bool = True,
                static_argnums: int | Iterable[int] = (),
-               policy: Callable[..., bool] | None = None) -> Callable[..., Any]:
+               policy: Callable[..., bool] | None = None,
+               static_argnames: str | Iterable[str] = ()) -> Callable[..., Any]:
   """Lifted ``jax.checkpoint`` (alias ``remat``) of ``fn(scope, *args)``.
 
   Values, created variables, rng draws and gradients are those of ``fn``
@@ -107,6 +124,8 @@ def checkpoint(fn: Callable[..., Any], variables: Filter = True, rngs: Filter = 
       counting the first argument after the scope as 0 (as
       ``flax.core.lift.checkpoint``).
     policy: a ``jax.checkpoint_policies`` policy saying what may be saved.
+    static_argnames: names of arguments to treat as static, passed by keyword
+      or (where ``fn``'s signature names them) by position.
 
   Not needed around a whole model under ``jax.grad`` with memory to spare:
   recomputation costs time.
@@ -120,7 +139,8 @@ def checkpoint(fn: Callable[..., Any], variables: Filter = True, rngs: Filter = 
     raise errors.TransformArgumentError(_CONCRETE)
   argnums = check_argnums('checkpoint', 'static_argnums', static_argnums,
                           _CHECKPOINT_COUNTING, example=0)
-  inner = functools.partial(_checkpoint_groups, fn, argnums, prevent_cse, policy)
+  names = frozenset(check_argnames('checkpoint', 'static_argnames', static_argnames))
+  inner = functools.partial(_checkpoint_groups, fn, argnums, names, prevent_cse, policy)
   functools.update_wrapper(inner, fn)
   return pack(inner, (variables,), (variables,), (rngs,), name='checkpoint')
 

@@ -242,14 +242,15 @@ def scan(target: Target, variable_axes: Mapping[Filter, int] = {},  # noqa: B006
 def checkpoint(target: Target, variables: Filter = True, rngs: Filter = True,
                concrete: bool = False, prevent_cse: bool = True,
                static_argnums: int | tuple[int, ...] = (),
-               policy: Callable[..., bool] | None = None, methods: Any = None) -> Target:
+               policy: Callable[..., bool] | None = None, methods: Any = None,
+               static_argnames: str | Iterable[str] = ()) -> Target:
   """Rematerialises a Module class or method (``lift.checkpoint``); ``self`` is argument 0.
 
   >>> RematBlock = checkpoint(Block, static_argnums=(2,))   # def __call__(self, x, train)
   """
   return lift_transform(CHECKPOINT, target, dict(
       variables=variables, rngs=rngs, concrete=concrete, prevent_cse=prevent_cse,
-      static_argnums=static_argnums, policy=policy), methods)
+      static_argnums=static_argnums, policy=policy, static_argnames=static_argnames), methods)
 
 
 remat = checkpoint
@@ -295,7 +296,8 @@ def remat_scan(target: Target, lengths: Sequence[int] = (), policy: Callable[...
                variable_broadcast: Filter = False, variable_carry: Filter = False,
                variable_axes: Mapping[Filter, int] = {True: 0},  # noqa: B006
                split_rngs: Mapping[Filter, bool] = {True: True},  # noqa: B006
-               metadata_params: Mapping[Any, Any] = {}) -> Target:  # noqa: B006
+               metadata_params: Mapping[Any, Any] = {},  # noqa: B006
+               methods: Any = None) -> Target:
   """Repeats ``f(self, carry) -> carry`` ``prod(lengths)`` times as nested rematerialised scans.
 
   >>> Stack = remat_scan(Block, lengths=(2, 3))
@@ -303,7 +305,7 @@ def remat_scan(target: Target, lengths: Sequence[int] = (), policy: Callable[...
   return lift_transform(REMAT_SCAN, target, dict(
       lengths=lengths, policy=policy, variable_broadcast=variable_broadcast,
       variable_carry=variable_carry, variable_axes=variable_axes, split_rngs=split_rngs,
-      metadata_params=metadata_params))
+      metadata_params=metadata_params), methods)
 
 
 def _metadata_fn(fn, axis: int, metadata_params: Mapping[Any, Any]):
@@ -311,7 +313,8 @@ def _metadata_fn(fn, axis: int, metadata_params: Mapping[Any, Any]):
 
 
 def add_metadata_axis(target: Target, variable_axes: Mapping[Filter, int] = {},  # noqa: B006
-                      metadata_params: dict[Any, Any] = {}) -> Target:  # noqa: B006
+                      metadata_params: dict[Any, Any] = {},  # noqa: B006
+                      methods: Any = None) -> Target:
   """Adds an axis to the ``AxisMetadata`` boxes of collections created inside (outside view).
 
   >>> Stacked = add_metadata_axis(Block, variable_axes={'params': 0},
@@ -321,7 +324,7 @@ def add_metadata_axis(target: Target, variable_axes: Mapping[Filter, int] = {}, 
     target = map_variables(target, col,
                            trans_in_fn=_metadata_fn(remove_axis, axis, metadata_params),
                            trans_out_fn=_metadata_fn(add_axis, axis, metadata_params),
-                           mutable=True)
+                           mutable=True, methods=methods)
   return target
 
 

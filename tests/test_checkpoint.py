@@ -7,11 +7,13 @@ import pytest
 from flax.core import init as flax_init, lift as flax_lift
 
 import lift
+import linen_ext as nn
 from lift import errors
 
 from tests.scope_models import assert_trees_close, counter, dense, mlp
 
 X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
+KEY = jax.random.key(0)
 RNGS = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
 
 
@@ -107,3 +109,38 @@ def test_static_argnum_beyond_the_arguments_rejected_when_called():
   fn = lift.checkpoint(dense, static_argnums=(2,))
   with pytest.raises(errors.ArgnumsError, match='names argument 2.*only 2 positional'):
     lift.init(fn)(RNGS, X, 2)
+
+
+def test_static_argnames_by_keyword_and_by_position():
+  """A static name makes Python control flow on it work, passed either way, under grad."""
+  def body(scope, x, n):
+    w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1], n))
+    y = jnp.tanh(x @ w)
+    return y * 2 if n > 1 else y  # Python control flow: n must be static
+  rematted = lift.checkpoint(body, static_argnames='n')
+  x = jnp.linspace(-1, 1, 6).reshape(2, 3)
+  ys, variables = lift.init(lambda s, x: (rematted(s, x, n=2), rematted(s, x, 2)))(KEY, x)
+  np.testing.assert_allclose(ys[0], ys[1])
+  np.testing.assert_allclose(ys[0], lift.apply(body)(variables, x, 2))
+  grad = lambda f: jax.grad(lambda v: jnp.sum(lift.apply(f)(v, x, n=2)))(variables)
+  np.testing.assert_allclose(grad(rematted)['params']['w'], grad(body)['params']['w'], rtol=1e-6)
+
+
+def test_linen_remat_static_argnames():
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x, train):
+      y = nn.Dense(3)(x)
+      return y * 2 if train else y
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      block = nn.remat(Block, static_argnames=('train',))()
+      return block(x, train=True) + block(x, True)
+  x = jnp.ones((2, 3))
+  variables = Model().init(KEY, x)
+  loss = lambda v: jnp.sum(Model().apply(v, x))
+  assert jnp.isfinite(jax.grad(loss)(variables)['params']['CheckpointBlock_0']['Dense_0']['kernel']).all()
+  dense = variables['params']['CheckpointBlock_0']['Dense_0']
+  np.testing.assert_allclose(Model().apply(variables, x), 4 * (x @ dense['kernel'] + dense['bias']),
+                             rtol=1e-6)
