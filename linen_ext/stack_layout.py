@@ -10,7 +10,9 @@ use). Conversion is exact in both directions, axis-metadata boxes
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -117,17 +119,41 @@ def check_same_variables(trees: Sequence[Mapping[str, Any]], what: str) -> None:
           seen=jax.tree.structure(tree)))
 
 
-def _same_value(a: Any, b: Any) -> bool:
-  if a is b:
+def _same_value(a: Any, b: Any, seen: frozenset = frozenset()) -> bool:
+  if a is b or (id(a), id(b)) in seen:
     return True
   if type(a) is not type(b):
     return False
   if isinstance(a, Module):
     return configuration_difference(a, b) is None
+  if isinstance(a, (types.FunctionType, functools.partial)):
+    return _same_function(a, b, seen | {(id(a), id(b))})
   try:
     return bool(np.all(a == b)) if isinstance(a, (np.ndarray, jax.Array)) else bool(a == b)
   except Exception:  # noqa: BLE001 (values without a usable ==: only identity counts)
     return False
+
+
+def _same_function(a: Any, b: Any, seen: frozenset) -> bool:
+  """Whether two functions compute the same: one code, equal defaults and closed-over values.
+
+  So ``kernel_init=nn.initializers.normal(0.02)``, a fresh closure per layer,
+  counts as the same configuration.
+  """
+  def same_all(xs, ys):
+    return len(xs) == len(ys) and all(_same_value(x, y, seen) for x, y in zip(xs, ys))
+
+  def same_dict(x, y):
+    return x.keys() == y.keys() and same_all([x[k] for k in x], [y[k] for k in x])
+
+  if isinstance(a, functools.partial):
+    return (_same_value(a.func, b.func, seen) and same_all(a.args, b.args)
+            and same_dict(a.keywords, b.keywords))
+  cells = lambda f: [c.cell_contents for c in f.__closure__ or ()]
+  return (a.__code__ is b.__code__ and a.__globals__ is b.__globals__
+          and same_all(a.__defaults__ or (), b.__defaults__ or ())
+          and same_dict(a.__kwdefaults__ or {}, b.__kwdefaults__ or {})
+          and same_all(cells(a), cells(b)))
 
 
 def configuration_difference(first: Any, other: Any) -> str | None:

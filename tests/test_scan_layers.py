@@ -228,3 +228,22 @@ def test_misuse_is_refused():
     Model(remat=loops.ScanCheckpointPolicy(nested=5)).init(KEY, X)
   with pytest.raises(errors.LayerStackError, match='has 4 layers'):
     Model().init(RNGS, X, jnp.ones(3))
+
+
+@pytest.mark.parametrize('stddevs, same', [((0.02, 0.02, 0.02), True), ((0.02, 0.03, 0.02), False)])
+def test_fresh_initializer_closures_compare_by_what_they_compute(stddevs, same):
+  """`normal(0.02)` is a new closure per layer: equal code and closed-over values are the same."""
+  class Model(nn.Module):
+    def setup(self):
+      self.layers = [nn.Dense(4, kernel_init=nn.initializers.normal(s)) for s in stddevs]
+
+    def __call__(self, x):
+      return nn.scan_layers(self.layers, x)
+
+  if same:
+    variables = Model().init(KEY, X)
+    assert variables['params']['layers_1']['kernel'].shape == (4, 4)
+    Model().apply(variables, X)
+  else:
+    with pytest.raises(errors.LayerMismatchError, match="layer 1.*kernel_init"):
+      Model().init(KEY, X)
