@@ -282,3 +282,18 @@ def test_jax_policy_is_used_for_each_step():
       residual_shapes(lambda i, x: final(i, x, 'full'), init, xs)
   np.testing.assert_allclose(jax.grad(final)(init, xs, everything), jax.grad(final)(init, xs, False),
                              rtol=1e-6)
+
+
+def test_nested_remat_body_reading_integer_and_bool_jit_arguments():
+  """Integer/bool values the body closes over are hoisted too (under jit they are tracers)."""
+  xs = jnp.linspace(-1.0, 1.0, 14).reshape(7, 2)
+
+  def loss(c0, k, mask, remat):
+    body = lambda c, x: (jnp.where(mask, jnp.sin(c * x), c) + k.astype(jnp.float32), c)
+    carry, ys = loops.run_scan(body, c0, xs, remat=remat)
+    return jnp.sum(carry) + jnp.sum(ys ** 2)
+
+  args = (jnp.ones(2), jnp.int32(2), jnp.array([True, False]))
+  expected = jax.grad(jax.jit(functools.partial(loss, remat=False)))(*args)
+  got = jax.grad(jax.jit(functools.partial(loss, remat='nested')))(*args)
+  np.testing.assert_allclose(got, expected, rtol=1e-5)

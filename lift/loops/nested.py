@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from lift import _compat
 from lift.errors import RematPolicyError
 from lift.loops import _messages
 
@@ -345,30 +346,63 @@ def _to_device(tree: Any) -> Any:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _nested(loop: Loop, consts: list, init: Any, xs: Any) -> tuple[Any, Any]:
+def _nested(loop: Loop, consts: list, fixed: list, init: Any, xs: Any) -> tuple[Any, Any]:
+  loop = _with_fixed(loop, fixed)
   one = lambda carry, t: loop.body(carry, _take(xs, t), *consts)
   steps = jnp.arange(sum(loop.plan.lengths), dtype=jnp.int32)
   return lax.scan(one, init, steps, reverse=loop.reverse, unroll=loop.unroll)
 
 
-def _nested_fwd(loop: Loop, consts: list, init: Any, xs: Any):
+def _nested_fwd(loop: Loop, consts: list, fixed: list, init: Any, xs: Any):
+  loop = _with_fixed(loop, fixed)
   carry, ys, slots = forward(loop, consts, xs, init, schedule(loop.plan, loop.reverse).write)
   if loop.offload_carries:
     slots = _to_host(jax.tree.map(lambda s: s[:loop.plan.blocks - 1], slots))
-  return (carry, ys), (consts, xs, init, slots)
+  return (carry, ys), (consts, fixed, xs, init, slots)
 
 
 def _nested_bwd(loop: Loop, residuals, cts):
-  consts, xs, init, slots = residuals
+  consts, fixed, xs, init, slots = residuals
+  loop = _with_fixed(loop, fixed)
   if loop.offload_carries:
     free = _empty_slots(init, max(loop.plan.saved_carries, 1) - loop.plan.blocks + 1)
     slots = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), _to_device(slots), free)
   ct_carry, ct_ys = cts
   out = backward(loop, consts, xs, init, slots, ct_carry, ct_ys)
-  return out.consts, _cotangent_like(init, out.carry), _cotangent_like(xs, out.xs)
+  return out.consts, [None] * len(fixed), _cotangent_like(init, out.carry), _cotangent_like(xs, out.xs)
 
 
 _nested.defvjp(_nested_fwd, _nested_bwd)
+
+
+def _with_fixed(loop: Loop, fixed: list) -> Loop:
+  """`loop` whose body takes only the float constants; the others (`fixed`) are bound."""
+  def body(carry, x, *consts):
+    return loop.body(carry, x, *consts, *fixed)
+  return loop._replace(body=body)
+
+
+def _hoist_constants(body: Callable, init: Any, x: Any) -> tuple[Callable, list, list]:
+  """``(pure, floats, others)`` with ``pure(carry, x, *floats, *others) == body(carry, x)``.
+
+  As `jax.closure_convert`, but integer, bool and key constants are hoisted too,
+  so none is closed over by the custom VJP (under `jit` they are tracers).
+  """
+  closed, out_shape = jax.make_jaxpr(body, return_shape=True)(init, x)
+  is_float = [jnp.issubdtype(jnp.result_type(c), jnp.inexact) for c in closed.consts]
+  order = [i for i, f in enumerate(is_float) if f] + [i for i, f in enumerate(is_float) if not f]
+  run = _compat.jaxpr_as_fun(_compat.ClosedJaxpr(_compat.convert_constvars_jaxpr(closed.jaxpr), []))
+  out_tree = jax.tree.structure(out_shape)
+
+  def pure(carry, x, *consts):
+    ordered = [None] * len(consts)
+    for position, const in zip(order, consts):
+      ordered[position] = const
+    return jax.tree.unflatten(out_tree, run(*ordered, *jax.tree.leaves((carry, x))))
+
+  consts = [closed.consts[i] for i in order]
+  floats = sum(is_float)
+  return pure, consts[:floats], consts[floats:]
 
 
 def nested_scan(body: Callable, init: Any, xs: Any, plan: BlockPlan, *,
@@ -379,6 +413,6 @@ def nested_scan(body: Callable, init: Any, xs: Any, plan: BlockPlan, *,
   `offload_carries` keeps the carries entering blocks in host memory between
   the forward and backward passes.
   """
-  pure_body, consts = jax.closure_convert(body, init, _take(xs, 0))
+  pure_body, consts, fixed = _hoist_constants(body, init, _take(xs, 0))
   loop = Loop(pure_body, plan, reverse, unroll, offload_carries)
-  return _nested(loop, list(consts), init, xs)
+  return _nested(loop, consts, fixed, init, xs)
