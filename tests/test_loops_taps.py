@@ -100,3 +100,14 @@ def test_taps_under_jit():
   fib = jax.jit(lambda x0: loops.scan_taps(
       lambda a, b: a + b, n_steps=4, outputs_info={"initial": x0, "taps": [-2, -1]}))
   assert fib(jnp.array([1.0, 1.0])).tolist() == [2.0, 3.0, 5.0, 8.0]
+
+
+def test_a_lone_minus_one_tap_takes_the_state_itself_as_pytensor():
+  """PyTensor: {'initial': h0, 'taps': [-1]} is the same as a bare h0 (no time axis)."""
+  s = jnp.arange(8.0).reshape(4, 2)
+  h0 = jnp.array([1.0, -1.0])
+  step = lambda x, h: 0.5 * h + x
+  bare = loops.scan_taps(step, sequences=[s], outputs_info=[h0])
+  explicit = loops.scan_taps(step, sequences=[s], outputs_info=[{'initial': h0, 'taps': [-1]}])
+  np.testing.assert_allclose(explicit, bare)
+  np.testing.assert_allclose(bare, [[0.5, 0.5], [2.25, 3.25], [5.125, 6.625], [8.5625, 10.3125]])

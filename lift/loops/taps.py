@@ -98,6 +98,8 @@ def parse_output(index: int, spec: Any) -> OutputSpec:
       or not all(isinstance(k, (int, np.integer)) and k < 0 for k in taps)):
     raise ScanTapsError(_messages.TAPS_OUTPUT_NOT_PAST.format(index=index, taps=taps))
   taps = tuple(int(k) for k in taps)
+  if taps == (-1,):  # as PyTensor: the state itself, like a bare initial value
+    return OutputSpec(jnp.asarray(spec["initial"])[None], taps)
   return OutputSpec(_initial_window(index, spec["initial"], taps), taps)
 
 
@@ -187,8 +189,9 @@ def scan_taps(fn: Callable[..., Any], sequences: Any = (), outputs_info: Any = (
       one may be given bare.
     outputs_info: per output, `None` (not fed back), an initial value (fed
       back at tap -1), or `{'initial': x0, 'taps': [-2, -1]}` where `x0[i]`
-      is the value at step `i - L`, `L = -min(taps)`; a single one may be
-      given bare.
+      is the value at step `i - L`, `L = -min(taps)` (with taps `[-1]` alone,
+      `x0` is the state itself, as in PyTensor); a single one may be given
+      bare.
     non_sequences: values passed whole to every step.
     n_steps: number of steps; by default what every sequence gives,
       `len - (max(maxtap, 0) - min(mintap, 0))`.
