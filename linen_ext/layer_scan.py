@@ -54,6 +54,11 @@ _SHARED_LAYER = (
     'so they share variables. scan_layers stacks the variables of distinct '
     'layers. Fix: call the shared module in a Python loop, or create one '
     'module per layer.')
+_CARRY_CHANGED = (
+    'scan_layers: a layer returns {after} for input {before}; one loop runs the '
+    'layers, so each must return what it takes (same structure, shapes and '
+    'dtypes). Fix: make the layer keep its input type (e.g. dtype=x.dtype), or '
+    'call the layers in a Python loop.')
 _DRAWS_UNDER_JIT = (
     'scan_layers: the layers draw rng keys ({streams}) inside nn.jit/lift.jit, '
     'whose streams only know their path when the jitted function runs, so the '
@@ -122,6 +127,12 @@ def _layer_hashes(draws: list, layer_rngs: Sequence[dict], counters: Sequence[Rn
                    for rngs, node in zip(layer_rngs, counters)])
 
 
+def _check_carry(x: Any, out: Any):
+  types = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), tree)
+  if types(x) != types(out):
+    raise errors.LayerStackError(_CARRY_CHANGED.format(before=types(x), after=types(out)))
+
+
 def _check_draws(draws: list, rng_groups: Any):
   if draws and has_tape_streams(rng_groups):
     raise errors.LayerStackError(_DRAWS_UNDER_JIT.format(
@@ -137,7 +148,8 @@ def _loop_groups(first: Module, layer_args: LayerArgs, remat: Any, counters: lis
   keys = stack_trees([{name: s.key for name, s in rngs.items()} for rngs in layer_rngs])
   xs = LayerInputs(stack_rows(layer_variables), keys, np.zeros((n, 1), np.uint32),
                    layer_args.rows)
-  jax.eval_shape(step, x, _step_shapes(xs))
+  carry_shape, _ = jax.eval_shape(step, x, _step_shapes(xs))
+  _check_carry(x, carry_shape)
   step.draws, increments = step.recorded
   _check_draws(step.draws, rng_groups)
   xs = xs._replace(hashes=_layer_hashes(step.draws, layer_rngs, counters))

@@ -247,3 +247,16 @@ def test_fresh_initializer_closures_compare_by_what_they_compute(stddevs, same):
   else:
     with pytest.raises(errors.LayerMismatchError, match="layer 1.*kernel_init"):
       Model().init(KEY, X)
+
+
+def test_a_layer_that_changes_the_carry_type_is_a_clear_error():
+  class Model(nn.Module):
+    def setup(self):
+      self.layers = [nn.Dense(4, dtype=jnp.bfloat16) for _ in range(3)]
+
+    def __call__(self, x):
+      return nn.scan_layers(self.layers, x)
+
+  variables = Model().init(KEY, X)  # init runs the Python loop
+  with pytest.raises(errors.LayerStackError, match='bfloat16.*dtype=x.dtype'):
+    Model().apply(variables, X)
