@@ -111,3 +111,14 @@ def test_a_lone_minus_one_tap_takes_the_state_itself_as_pytensor():
   explicit = loops.scan_taps(step, sequences=[s], outputs_info=[{'initial': h0, 'taps': [-1]}])
   np.testing.assert_allclose(explicit, bare)
   np.testing.assert_allclose(bare, [[0.5, 0.5], [2.25, 3.25], [5.125, 6.625], [8.5625, 10.3125]])
+
+
+def test_go_backwards_keeps_each_tap_in_the_sequence_order_as_pytensor():
+  """Backwards, step t reads the window ending at the end: tap -1 is the element before."""
+  s = jnp.arange(6.0)
+  ys = loops.scan_taps(lambda a, b, c: 100 * a + 10 * b + c, go_backwards=True,
+                       sequences=[{'input': s, 'taps': [-1, 0, 1]}])
+  np.testing.assert_allclose(ys, [345.0, 234.0, 123.0, 12.0])
+  short = loops.scan_taps(lambda a, b, c: 100 * a + 10 * b + c, go_backwards=True, n_steps=2,
+                          sequences=[{'input': s, 'taps': [-1, 0, 1]}])
+  np.testing.assert_allclose(short, [345.0, 234.0])

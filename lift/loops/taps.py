@@ -129,10 +129,18 @@ def count_steps(sequences: list[SequenceSpec], n_steps: int | None) -> int:
   return counts.pop()
 
 
-def tap_slices(seq: SequenceSpec, steps: int) -> list[jax.Array]:
-  """For each tap k, the `steps` values that step t reads: `values[t + k + offset]`."""
-  return [lax.slice_in_dim(seq.values, k + seq.offset, k + seq.offset + steps)
-          for k in seq.taps]
+def tap_slices(seq: SequenceSpec, steps: int, go_backwards: bool = False) -> list[jax.Array]:
+  """For each tap k, the `steps` values that step t reads: `values[t + k + offset]`.
+
+  Backwards, as PyTensor: each tap's window is cut in original time, then
+  reversed, so step t reads `values[last - t + k + offset]` (tap -1 is the
+  element before in the sequence, not the one visited before).
+  """
+  if not go_backwards:
+    return [lax.slice_in_dim(seq.values, k + seq.offset, k + seq.offset + steps)
+            for k in seq.taps]
+  return [jnp.flip(lax.slice_in_dim(seq.values, k + seq.offset, k + seq.offset + seq.steps),
+                   0)[:steps] for k in seq.taps]
 
 
 def _freeze_before(cut: jax.Array, tree: Any) -> Any:
@@ -195,7 +203,8 @@ def scan_taps(fn: Callable[..., Any], sequences: Any = (), outputs_info: Any = (
     non_sequences: values passed whole to every step.
     n_steps: number of steps; by default what every sequence gives,
       `len - (max(maxtap, 0) - min(mintap, 0))`.
-    go_backwards: iterate over the reversed sequences; outputs stay in
+    go_backwards: iterate over the sequences from their end; a tap k still
+      reads k elements away in the sequence's own order, and outputs stay in
       iteration order, as in PyTensor.
     truncate_gradient: k >= 0 gives gradients through the last k steps only
       (earlier steps act as constants), -1 full backpropagation.
@@ -215,13 +224,11 @@ def scan_taps(fn: Callable[..., Any], sequences: Any = (), outputs_info: Any = (
   sequences = [sequences] if not isinstance(sequences, (list, tuple)) else list(sequences)
   non_sequences = tuple(non_sequences) if isinstance(non_sequences, (list, tuple)) else (non_sequences,)
   seqs = [parse_sequence(i, spec) for i, spec in enumerate(sequences)]
-  if go_backwards:
-    seqs = [seq._replace(values=jnp.flip(seq.values, 0)) for seq in seqs]
   outputs = [parse_output(i, spec) for i, spec in enumerate(outputs_info)]
   steps = count_steps(seqs, n_steps)
   truncated = 0 <= truncate_gradient < steps
   step = TapsStep(fn, outputs, non_sequences, steps - truncate_gradient if truncated else None)
-  taps = [column for seq in seqs for column in tap_slices(seq, steps)]
+  taps = [column for seq in seqs for column in tap_slices(seq, steps, go_backwards)]
   index = jnp.arange(steps, dtype=jnp.int32) if truncated else None
   windows = [spec.window for spec in outputs if spec.window is not None]
   _, ys = run_scan(step, windows, (taps, index), length=steps)
