@@ -402,9 +402,8 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
     data_transform: ``(variable_groups, rng_groups) -> (variable_groups,
       rng_groups)`` applied inside each step before the scope is rebuilt.
     metadata_params: passed to the ``AxisMetadata`` boxes of scanned collections.
-    check_constancy_invariants: accepted for Flax's signature; the check that
-      broadcast variables and outputs are loop-invariant always runs, since
-      the same trace computes them (Flax skips both when False).
+    check_constancy_invariants: Flax's; the invariance check always runs (the
+      same trace computes broadcast variables, which Flax drops when False).
     remat: checkpoint policy of each step: anything
       ``lift.loops.resolve_remat`` accepts (False, True, 'nested', ...).
 
