@@ -142,5 +142,5 @@ def test_linen_remat_static_argnames():
   loss = lambda v: jnp.sum(Model().apply(v, x))
   assert jnp.isfinite(jax.grad(loss)(variables)['params']['CheckpointBlock_0']['Dense_0']['kernel']).all()
   dense = variables['params']['CheckpointBlock_0']['Dense_0']
-  np.testing.assert_allclose(Model().apply(variables, x), 4 * (x @ dense['kernel'] + dense['bias']),
-                             rtol=1e-6)
+  expected = 4 * (x @ dense['kernel'] + dense['bias'][None])
+  np.testing.assert_allclose(Model().apply(variables, x), expected, rtol=1e-6)
