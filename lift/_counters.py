@@ -50,6 +50,16 @@ def advance(node: RngCounters, increments: CountSnapshot):
     advance(node.child(name), child_increments)
 
 
+def per_stream(before: CountSnapshot, after: CountSnapshot, keep_before) -> CountSnapshot:
+  """``before``'s count for the streams where ``keep_before(stream)``, ``after``'s for the others."""
+  streams = dict.fromkeys([*before.counts, *after.counts])
+  counts = {s: (before if keep_before(s) else after).counts.get(s, 0) for s in streams}
+  names = dict.fromkeys([*before.children, *after.children])
+  children = {name: per_stream(before.children.get(name, EMPTY), after.children.get(name, EMPTY),
+                               keep_before) for name in names}
+  return CountSnapshot(counts, children)
+
+
 def elementwise_max(snaps: Sequence[CountSnapshot]) -> CountSnapshot:
   counts: dict[str, int] = {}
   names: dict[str, None] = {}

@@ -29,7 +29,7 @@ import numpy as np
 from lift._compat import Var
 
 from lift import _compat, _counters, errors, loops
-from lift.filters import Filter
+from lift.filters import Filter, in_filter
 from lift.metadata import add_group_axes, move_axis, remove_group_axes
 from lift.pack import pack
 from lift.rng import RngCounters
@@ -82,6 +82,7 @@ class ScanConfig:
   metadata_params: Mapping[Any, Any]
   remat: Any
   split_transpose: bool = False
+  draw_once: Filter = False
 
 
 class LoopCarry(NamedTuple):
@@ -114,21 +115,30 @@ class _CounterReplay:
   rewinds, so all of them draw the same keys. After the scan the counters stand
   where two steps leave them: `flax.core.lift.scan` also traces its body twice,
   so both give the same keys.
+
+  Streams in ``draw_once`` rewind to where they stood before the first trace
+  instead: the loop draws from them what one traced step (and `lift.vmap`)
+  draws.
   """
 
-  def __init__(self):
+  def __init__(self, draw_once: Filter = False):
+    self.draw_once = draw_once
     self.nodes: list[RngCounters] = []
+    self.before: list[_counters.CountSnapshot] = []
     self.saved: list[_counters.CountSnapshot] | None = None
 
   def enter(self, scope_tree: Any):
     if self.saved is None:
       self.nodes = _counters.counter_roots(scope_tree)
+      self.before = [_counters.snapshot(node) for node in self.nodes]
       return
     for node, snap in zip(self.nodes, self.saved):
       _counters.restore(node, snap)
 
   def save(self):
-    self.saved = [_counters.snapshot(node) for node in self.nodes]
+    once = functools.partial(in_filter, self.draw_once)
+    self.saved = [_counters.per_stream(before, _counters.snapshot(node), once)
+                  for before, node in zip(self.before, self.nodes)]
 
 
 # -- one step ----------------------------------------------------------------------
@@ -343,7 +353,7 @@ def _scan_groups(fn, config: ScanConfig, scope_fn, repack_fn, variable_groups,
   xs, arg_axes, length = _scanned_inputs(fn, config, scanned_groups, rng_groups, args)
   step = _Step(fn, config, scope_fn, repack_fn, broadcast_variables,
                tuple({} for _ in carry_variables), rng_groups, jax.tree.leaves(args),
-               arg_axes, jax.tree.structure(args), kwargs, _CounterReplay())
+               arg_axes, jax.tree.structure(args), kwargs, _CounterReplay(config.draw_once))
   plan = _plan(step, carry_variables, init, xs)
   step.carry_consts = plan.consts
   step.broadcast_variables = _merge_roots(broadcast_variables, plan.invariant.variables)
@@ -374,7 +384,8 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
          unroll: int | bool = 1, _split_transpose: bool = False,
          data_transform: Callable[..., Any] | None = None,
          metadata_params: Mapping[Any, Any] = {},  # noqa: B006 (Flax's defaults)
-         check_constancy_invariants: bool = True, remat: Any = False) -> Callable[..., Any]:
+         check_constancy_invariants: bool = True, remat: Any = False,
+         _draw_once: Filter = False) -> Callable[..., Any]:
   """Lifted ``lax.scan`` of ``fn(scope, carry, *xs) -> (carry, ys)``.
 
   Args:
@@ -406,6 +417,10 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
       same trace computes broadcast variables, which Flax drops when False).
     remat: checkpoint policy of each step: anything
       ``lift.loops.resolve_remat`` accepts (False, True, 'nested', ...).
+    _draw_once: rng streams (a filter) from which every trace of the step
+      draws what the first trace draws (as in ``vmap``), instead of
+      continuing after the pre-pass as `flax.core.lift.scan` does. With
+      ``'params'``, parameters created inside equal a vmapped init's.
 
   Not for loops of unknown length: use ``while_loop``.
 
@@ -425,7 +440,7 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
       axes, splits, check_axis_leaves('scan', 'in_axes', in_axes, _is_unmapped, 'lift.broadcast'),
       check_axis_leaves('scan', 'out_axes', out_axes, _is_unmapped, 'lift.broadcast'),
       check_size('scan', 'length', length), reverse, unroll, data_transform,
-      dict(metadata_params), remat, _split_transpose)
+      dict(metadata_params), remat, _split_transpose, _draw_once)
   return build_scan(fn, variable_broadcast, variable_carry, split_rngs, config)
 
 

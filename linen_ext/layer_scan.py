@@ -16,6 +16,11 @@ layers' scopes:
    and its hashes, and returns what the layer created or updated;
 4. each layer's slice of those outputs is committed to its own scope.
 
+A module that every layer holds as a field but that lives outside the layers
+(``Layer(self.shared)`` in the parent's ``setup``) is lifted too: each step
+reads its variables whole, and its gradient sums every layer's. It is
+read-only in the loop: a write or an rng draw below it is a `LayerStackError`.
+
 Under ``init`` the layers run one after another instead (the Python loop):
 their variables do not exist yet, and this gives exactly the loop's values
 and rng draws, wrapped flax layers included. Gradients reach each layer's own
@@ -23,6 +28,7 @@ variables through the stacking.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Sequence
@@ -31,6 +37,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from lift import errors as lift_errors
 from lift import loops
 from lift._counters import advance, zeroed
 from lift._jit_rngs import Tape, draw_hashes, has_tape_streams, tape_streams
@@ -39,7 +46,7 @@ from lift.pack import pack
 from lift.rng import RngCounters
 
 from linen_ext import errors
-from linen_ext.module import Module
+from linen_ext.module import Module, map_modules
 from linen_ext.stack_layout import (LayerArgs, check_rows, check_same_code,
                                     check_same_variables, row, split_layer_args,
                                     stack_trees)
@@ -59,6 +66,11 @@ _CARRY_CHANGED = (
     'layers, so each must return what it takes (same structure, shapes and '
     'dtypes). Fix: make the layer keep its input type (e.g. dtype=x.dtype), or '
     'call the layers in a Python loop.')
+_SHARED_MODULE_WRITES = (
+    'scan_layers: the module at {path}, which every layer holds as a field, {what} '
+    'inside the loop. scan_layers gives a module shared by the layers its '
+    'variables read-only and no rng streams. Fix: call it outside scan_layers and '
+    'pass its result to the layers, or call the layers in a Python loop.')
 _DRAWS_UNDER_JIT = (
     'scan_layers: the layers draw rng keys ({streams}) inside nn.jit/lift.jit, '
     'whose streams only know their path when the jitted function runs, so the '
@@ -99,22 +111,74 @@ class _LayerStep:
   repack_fn: Any
   layers: int
   counters: RngCounters  # layer 0's counter node, which the inner scope shares
+  shared: tuple[Module, ...]  # modules outside the layers that every layer holds
+  shared_variables: tuple[dict, ...]  # their variables, read by every step whole
   draws: list | None = None  # None: this trace records them
   recorded: tuple = ()  # (draws, counter increments) of the last trace
 
   def __call__(self, carry: Any, x: LayerInputs) -> tuple[Any, dict[str, Any]]:
     tape = Tape('scan_layers', x.hashes, self.draws)
     empty = ({},) * (self.layers - 1)
+    no_rngs = ({},) * len(self.shared)
     with zeroed([self.counters]) as increments:
-      scopes = self.scope_fn(((x.variables,) + empty,),
-                             ((tape_streams([x.keys], tape)[0][0],) + empty,))
-      layer = self.first.clone(parent=scopes[0], _deep_clone=True)
+      scopes, shared_scopes = self.scope_fn(
+          ((x.variables,) + empty + self.shared_variables,),
+          ((tape_streams([x.keys], tape)[0][0],) + empty + no_rngs,))
+      layer = self.first.clone(parent=scopes[0], _deep_clone=_rebound(self.shared, shared_scopes))
       args, kwargs = self.layer_args.for_layer(x.rows)
-      carry = layer(carry, *args, **kwargs)
-      out = self.repack_fn(scopes)[0][0]
+      with _read_only(self.shared):
+        carry = layer(carry, *args, **kwargs)
+      out = self.repack_fn((scopes, shared_scopes))[0][0]
       tape.check_complete()
     self.recorded = (tape.draws, increments[0])
     return carry, out
+
+
+def _rebound(shared: Sequence[Module], scopes: Sequence[Any]) -> dict[int, Module]:
+  """The deep clone's cache: each shared module bound to its read-only inner scope."""
+  for scope in scopes:
+    scope.mutable = False
+  return {module._id: module.clone(parent=scope) for module, scope in zip(shared, scopes)}
+
+
+@contextlib.contextmanager
+def _read_only(shared: Sequence[Module]):
+  """Turns a write or a draw below a shared module's path into a `LayerStackError`."""
+  try:
+    yield
+  except (lift_errors.ImmutableCollectionError, lift_errors.UnknownRngError) as e:
+    where = _names(e.path)
+    for module in shared:
+      path = module.scope.path
+      if where[:len(path)] == path:
+        what = (f'draws from rng stream "{e.rng_name}"' if hasattr(e, 'rng_name')
+                else f'writes variable "{e.name}" of collection "{e.collection}"')
+        raise errors.LayerStackError(_SHARED_MODULE_WRITES.format(
+            path='/' + '/'.join(path), what=what)) from e
+    raise
+
+
+def _names(path_text: str) -> tuple[str, ...]:
+  """``('a', 'b')`` from an error's scope path ``'/a/b'`` or ``'scan_layers(/a/b)'``."""
+  if path_text.endswith(')') and '(' in path_text:
+    path_text = path_text[path_text.index('(') + 1:-1]
+  return tuple(name for name in path_text.split('/') if name)
+
+
+def _shared_modules(layer: Module) -> tuple[Module, ...]:
+  """The bound modules among the layer's fields that live outside it (shared by the layers)."""
+  found: dict[int, Module] = {}
+  own = layer.scope.path
+
+  def visit(_, sub):
+    if sub.scope is not None and sub.scope.path[:len(own)] != own:
+      found.setdefault(sub._id, sub)
+    return sub
+
+  for field in dataclasses.fields(layer):
+    if field.init and field.name not in ('parent', 'name'):
+      map_modules(visit, getattr(layer, field.name))
+  return tuple(found.values())
 
 
 def _step_shapes(tree: Any) -> Any:
@@ -139,12 +203,14 @@ def _check_draws(draws: list, rng_groups: Any):
         streams=sorted({draw.stream for draw in draws})))
 
 
-def _loop_groups(first: Module, layer_args: LayerArgs, remat: Any, counters: list,
-                 scope_fn, repack_fn, variable_groups, rng_groups, x):
+def _loop_groups(first: Module, shared: tuple[Module, ...], layer_args: LayerArgs, remat: Any,
+                 counters: list, scope_fn, repack_fn, variable_groups, rng_groups, x):
   """The `pack` client: stack, record the draws, run the loop, hand each layer its slice."""
-  (layer_variables,), (layer_rngs,) = variable_groups, rng_groups
-  n = len(layer_variables)
-  step = _LayerStep(first, layer_args, scope_fn, repack_fn, n, counters[0])
+  (variables,), (rngs,) = variable_groups, rng_groups
+  n = len(counters)
+  layer_variables, layer_rngs = variables[:n], rngs[:n]
+  step = _LayerStep(first, layer_args, scope_fn, repack_fn, n, counters[0], shared,
+                    tuple(variables[n:]))
   keys = stack_trees([{name: s.key for name, s in rngs.items()} for rngs in layer_rngs])
   xs = LayerInputs(stack_rows(layer_variables), keys, np.zeros((n, 1), np.uint32),
                    layer_args.rows)
@@ -157,7 +223,7 @@ def _loop_groups(first: Module, layer_args: LayerArgs, remat: Any, counters: lis
   for node in counters:
     advance(node, increments)
   rows = unstack_rows(outs) if jax.tree.leaves(outs) else [outs] * n  # no leaves: no axis
-  return carry, (tuple(rows),)
+  return carry, (tuple(rows) + ({},) * len(shared),)
 
 
 def _unrolled(layers: tuple[Module, ...], layer_args: LayerArgs, x: Any) -> Any:
@@ -186,9 +252,14 @@ def scan_layers(layers: Sequence[Module], x: Any, *args, remat: Any = False, **k
       (row i to layer i).
     remat: checkpoint policy of each layer, as `lift.loops.run_scan`.
 
+  A module shared by the layers (a field of each, bound outside them) is
+  read by every step; it may not write variables or draw rng keys there.
+
   Raises:
     LayerMismatchError: two layers differ in variables (the message names the
       layer index, the variable path and both shapes) or in class or fields.
+    LayerStackError: a shared module writes or draws inside the loop, a layer
+      changes the carry's type, or layers are not a list of bound modules.
 
   Not for layers that differ: keep the Python loop or use `BlockSeq`.
 
@@ -208,9 +279,10 @@ def scan_layers(layers: Sequence[Module], x: Any, *args, remat: Any = False, **k
   check_same_variables([layer.variables for layer in layers], 'scan_layers')
   check_same_code(layers, 'scan_layers')
   counters = [layer.scope.rng_counters for layer in layers]
-  core = functools.partial(_loop_groups, layers[0], layer_args, remat, counters)
+  shared = _shared_modules(layers[0])
+  core = functools.partial(_loop_groups, layers[0], shared, layer_args, remat, counters)
   return pack(core, (True,), (True,), (True,), name='scan_layers')(
-      [layer.scope for layer in layers], x)
+      ([layer.scope for layer in layers], [module.scope for module in shared]), x)
 
 
 __all__ = ['scan_layers']

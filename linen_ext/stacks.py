@@ -156,14 +156,15 @@ class Stacked(_LayerStack):
   The block's variables get a leading layer axis, at the stack's own path:
   ``Stacked(Block, 4, name='blocks')`` has ``params/blocks/Dense_0/kernel`` of
   shape ``(4, ...)``, as ``nn.scan(Block, variable_axes={True: 0},
-  split_rngs={True: True}, length=4)`` and `flax.linen.scan`. Variables are
-  created under ``init`` by a vmapped init: every layer runs once on the
-  call's input, layer i drawing from ``split(key, length)[i]`` for every rng
-  stream, so the values are those of ``jax.vmap(Block().init)(split(key,
-  length))`` (and of `flax.linen.vmap` with ``split_rngs``) whichever method
-  runs first; then the call runs as under ``apply``. (`flax.linen.scan`
-  creates parameters inside its loop, after a first trace has drawn, and so
-  gives other values for the same key.)
+  split_rngs={True: True}, length=4)`` and `flax.linen.scan`. Under ``init``
+  the variables are created inside the loop, each block running once on its
+  carry as in ``apply``, and layer i draws its parameters from
+  ``split(key, length)[i]``: the values are those of
+  ``jax.vmap(Block().init)(split(key, length))`` (and of `flax.linen.vmap`
+  with ``split_rngs``), whichever method runs first. Other streams (dropout)
+  draw as in `flax.linen.scan`, in ``init`` as in ``apply``. (`flax.linen.scan`
+  also draws its parameters after a first trace of the body, and so gives
+  other values for the same key.)
   Block options go in ``block_kwargs`` (the block is constructed inside the
   loop, once); every layer shares them. What differs per layer is a call
   argument wrapped in `per_layer`.
@@ -231,13 +232,10 @@ class Stacked(_LayerStack):
 
   def _loop(self, fn: Callable[..., Any], mode: str, x: Any, *args, **kwargs) -> Any:
     layer_args = self._layer_args(args, kwargs)
-    if self.is_initializing() and not self.variables:
-      # The vmapped init: every layer on x, each with its own split rng keys.
-      self._vmapped(fn, x, layer_args)
     step = functools.partial(_scan_step, self._factory(), fn, mode, layer_args)
     loop = lift.scan(step, variable_axes={True: 0}, split_rngs={True: True},
                      length=self.length, metadata_params=self.metadata_params,
-                     remat=self.remat)
+                     remat=self.remat, _draw_once='params')
     carry, outs = loop(self._bound_scope(f'Calling Stacked.{mode}'), x, layer_args.rows)
     return carry if mode == 'fold' else (carry, outs)
 

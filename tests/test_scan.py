@@ -183,6 +183,38 @@ def test_init_matches_flax_core_lift_scan(kwargs):
   _assert_trees_close(got[0], expected[0])
 
 
+def _dropout_step(scope, c, x):
+  c, h = _direct_param_step(scope, c, x)
+  keep = jax.random.bernoulli(scope.make_rng('dropout'), 0.5, c.shape)
+  return jnp.where(keep, c, 0.0), h
+
+
+def _loop_then_draw(loop):
+  def model(scope, c, xs):
+    c = scope.child(loop, 'loop')(c, xs)[0].reshape(-1, 3).sum(0)
+    return c + scope.param('after', jax.nn.initializers.normal(), (3,))
+  return model
+
+
+def test_draw_once_streams_draw_as_vmap_and_the_others_as_flax():
+  """_draw_once='params': parameters equal a vmapped init's; dropout keys stay Flax's."""
+  rngs = {'params': KEY, 'dropout': jax.random.key(1)}
+  kwargs = dict(variable_axes={'params': 0}, split_rngs={True: True})
+  once = _loop_then_draw(lift.scan(_dropout_step, _draw_once='params', **kwargs))
+  y, variables = jax.jit(lift.init(once))(rngs, C0, XS)
+  vmapped = lift.vmap(_dropout_step, in_axes=(None, 0), **kwargs)
+  _, expected = jax.jit(lift.init(_loop_then_draw(vmapped)))(rngs, C0, XS)
+  _assert_trees_close(variables, expected)
+  flax_scan = _loop_then_draw(flax_lift.scan(_dropout_step, **kwargs))
+  _, theirs = jax.jit(flax.core.init(flax_scan))(rngs, C0, XS)
+  assert not np.allclose(variables['params']['loop']['w'], theirs['params']['loop']['w'])
+  dropout = {'dropout': jax.random.key(1)}
+  got = lift.apply(once)(variables, C0, XS, rngs=dropout)
+  np.testing.assert_allclose(got, y, rtol=1e-6)  # init's output is apply's
+  np.testing.assert_allclose(got, flax.core.apply(flax_scan)(variables, C0, XS, rngs=dropout),
+                             rtol=1e-6)
+
+
 def _carry_only_layer(scope, c):
   return jnp.tanh(scope.child(dense, 'dense')(c, 3))
 

@@ -260,3 +260,81 @@ def test_a_layer_that_changes_the_carry_type_is_a_clear_error():
   variables = Model().init(KEY, X)  # init runs the Python loop
   with pytest.raises(errors.LayerStackError, match='bfloat16.*dtype=x.dtype'):
     Model().apply(variables, X)
+
+
+# -- a module shared by the layers (a field of each, bound outside them) --------------------
+
+
+class SharedUser(nn.Module):
+  """A layer that calls a module its parent owns and hands to every layer."""
+  shared: nn.Module
+
+  @nn.compact
+  def __call__(self, x, train=False):
+    return x + jnp.tanh(self.shared(nn.Dense(4)(x), train))
+
+
+class SharedHolder(nn.Module):
+  shared_cls: type
+  scanned: bool = True
+
+  def setup(self):
+    self.shared = self.shared_cls()
+    self.layers = [SharedUser(self.shared) for _ in range(N)]
+
+  def __call__(self, x, train=False):
+    if self.scanned:
+      return nn.scan_layers(self.layers, x, train=train)
+    for layer in self.layers:
+      x = layer(x, train)
+    return x
+
+
+class Projection(nn.Module):
+  @nn.compact
+  def __call__(self, x, train=False):
+    del train
+    return nn.Dense(4, name='proj')(x)
+
+
+class CountingProjection(nn.Module):
+  @nn.compact
+  def __call__(self, x, train=False):
+    count = self.variable('counter', 'calls', jnp.zeros, (), jnp.int32)
+    if not self.is_initializing():
+      count.value += 1
+    return nn.Dense(4)(x)
+
+
+class DroppingProjection(nn.Module):
+  @nn.compact
+  def __call__(self, x, train=False):
+    return nn.Dropout(0.5, deterministic=not train)(nn.Dense(4)(x))
+
+
+def test_a_shared_module_is_read_by_every_step_and_gets_every_layers_gradient():
+  loop, scanned = SharedHolder(Projection, scanned=False), SharedHolder(Projection)
+  variables = loop.init(KEY, X)
+  assert jax.tree.map(jnp.shape, scanned.init(KEY, X)) == jax.tree.map(jnp.shape, variables)
+  loss = lambda model: lambda p: jnp.sum(model.apply({'params': p}, X) ** 2)
+  value, grads = jax.value_and_grad(loss(scanned))(variables['params'])
+  expected_value, expected = jax.value_and_grad(loss(loop))(variables['params'])
+  np.testing.assert_allclose(value, expected_value, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               grads, expected)
+  assert np.any(np.asarray(grads['shared']['proj']['kernel']) != 0)
+  jaxpr = jax.make_jaxpr(lambda p: scanned.apply({'params': p}, X))(variables['params'])
+  assert sum(e.primitive.name == 'scan' for e in jaxpr.jaxpr.eqns) == 1
+
+
+@pytest.mark.parametrize('shared_cls, train, mutable, match', [
+    (CountingProjection, False, ['counter'], 'writes variable "calls" of collection "counter"'),
+    (DroppingProjection, True, False, 'draws from rng stream "dropout"'),
+])
+def test_a_shared_module_writing_or_drawing_inside_the_loop_is_a_clear_error(
+    shared_cls, train, mutable, match):
+  variables = SharedHolder(shared_cls, scanned=False).init(KEY, X)
+  with pytest.raises(errors.LayerStackError, match=match) as info:
+    SharedHolder(shared_cls).apply(variables, X, train, rngs={'dropout': KEY},
+                                   mutable=mutable)
+  assert '/shared' in str(info.value)

@@ -1103,7 +1103,7 @@ def test_scan_taps_go_backwards_with_tap_zero_and_fed_back_outputs_matches_pyten
   np.testing.assert_allclose(_pytensor_cases(True)['fed'], PYTENSOR_BACKWARDS['fed'], rtol=1e-6)
 
 
-# -- known differences (strict xfails) ---------------------------------------------------------
+# -- Stacked.init runs each block once, in the loop ---------------------------------------------
 
 
 def _counting_block(m):
@@ -1118,10 +1118,6 @@ def _counting_block(m):
   return Counting
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    'Stacked.init runs every block twice (the vmapped init, then the scan over the created '
-    'variables): state written during the call is updated twice and sown values appear twice; '
-    'flax.linen.scan and flax.linen.vmap run it once (linen_ext/stacks.py Stacked._loop)'))
 def test_stacked_init_runs_the_block_once_as_flax():
   ours = nn.Stacked(_counting_block(nn), 3).init(KEY, X, mutable=True)
   scanned = flax_scan_of(_counting_block(fnn), 3)().init(KEY, X, mutable=True)
@@ -1140,11 +1136,6 @@ def _decode_block(m):
   return Attn
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Stacked.init of a decode=True attention block raises flax's 'Autoregressive cache shape "
-    "error': the second (scan) pass of init finds the cache the vmapped pass created and "
-    'decodes; flax.linen.scan/vmap (and our nn.scan, BlockSeq) init it '
-    '(linen_ext/stacks.py Stacked._loop)'))
 def test_stacked_init_of_a_decoding_block_makes_an_empty_cache_as_flax():
   x = jnp.ones((1, 3, 4))
   theirs = flax_scan_of(_decode_block(fnn), 2)().init(KEY, x)
@@ -1153,10 +1144,6 @@ def test_stacked_init_of_a_decoding_block_makes_an_empty_cache_as_flax():
   assert_trees(ours['cache'], theirs['cache'], tol=0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    'Stacked.init_with_output draws dropout keys twice (vmapped init, then the scan), so its '
-    'output is not what apply gives with the same rngs; in flax.linen.scan, flax.linen.vmap '
-    'and untransformed flax the init output equals apply\'s (linen_ext/stacks.py)'))
 def test_stacked_init_output_equals_apply_with_the_same_rngs_as_flax():
   theirs = flax_scan_of(dropout_block(fnn), 3)()
   (fy, _), fv = theirs.init_with_output(RNGS, X)
@@ -1164,6 +1151,16 @@ def test_stacked_init_output_equals_apply_with_the_same_rngs_as_flax():
   y, variables = nn.Stacked(dropout_block(nn), 3).init_with_output(RNGS, X)
   assert_trees(y, nn.Stacked(dropout_block(nn), 3).apply(
       variables, X, rngs={'dropout': RNGS['dropout']}))
+
+
+@pytest.mark.parametrize('remat', [True, 'nested', 'save_all'])
+def test_stacked_init_under_every_remat_policy_as_without(remat):
+  plain = nn.Stacked(_counting_block(nn), 4).init(KEY, X, mutable=True)
+  assert_trees(nn.Stacked(_counting_block(nn), 4, remat=remat).init(KEY, X, mutable=True),
+               plain, tol=0)
+
+
+# -- known differences (strict xfails) ---------------------------------------------------------
 
 
 # Found by this audit (fixed in ec56a13): nested remat left integer/bool/key tracers closed
@@ -1245,11 +1242,6 @@ def test_scan_layers_accepts_layers_with_equal_initializer_closures():
   assert_trees(model(nn, True)().apply(variables, X), model(fnn, False)().apply(variables, X))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "scan_layers deep-clones layer 0 into the loop, re-parenting a submodule that the layers "
-    "share from their parent (a field): apply fails with ScopeCollectionNotFound at "
-    "'/layers_0/shared' instead of running as the Python loop (linen_ext/layer_scan.py "
-    '_LayerStep.__call__)'))
 def test_scan_layers_with_a_module_shared_from_the_parent_as_the_flax_loop():
   def model(m, scanned):
     class Layer(m.Module):
