@@ -395,12 +395,10 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
       are stacked along it. ``In(axis)`` lifts a collection in only,
       ``Out(axis)`` out only (it starts empty inside), as in Flax.
     variable_broadcast: collections every step shares. What a step writes to
-      them (e.g. parameters created at init) is computed once, before the
-      loop, and every step sees it; it must not depend on the carry, the
-      scanned inputs or a split stream.
-    variable_carry: collections carried from step to step, like ``carry``.
-      They may be created inside the step: the first step then runs on its own
-      before the loop, so the result equals the unrolled Python loop.
+      them (parameters created at init) is computed once, before the loop; it
+      must not depend on the carry, the scanned inputs or a split stream.
+    variable_carry: collections carried from step to step, like ``carry``; if
+      the step creates them, it first runs once on its own (as the unrolled loop).
     split_rngs: ``{stream filter: bool}``; step ``i`` of a split stream draws
       from ``split(key, length)[i]``. Streams matched by no filter are not
       available inside.
@@ -413,14 +411,11 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
     data_transform: ``(variable_groups, rng_groups) -> (variable_groups,
       rng_groups)`` applied inside each step before the scope is rebuilt.
     metadata_params: passed to the ``AxisMetadata`` boxes of scanned collections.
-    check_constancy_invariants: Flax's; the invariance check always runs (the
-      same trace computes broadcast variables, which Flax drops when False).
+    check_constancy_invariants: Flax's; ignored, the invariance check always runs.
     remat: checkpoint policy of each step: anything
       ``lift.loops.resolve_remat`` accepts (False, True, 'nested', ...).
-    _draw_once: rng streams (a filter) from which every trace of the step
-      draws what the first trace draws (as in ``vmap``), instead of
-      continuing after the pre-pass as `flax.core.lift.scan` does. With
-      ``'params'``, parameters created inside equal a vmapped init's.
+    _draw_once: a filter of rng streams that draw in the loop what the
+      pre-pass draws (as in ``vmap``), not what follows it (as in Flax).
 
   Not for loops of unknown length: use ``while_loop``.
 
