@@ -171,8 +171,9 @@ def _shared_modules(layer: Module) -> tuple[Module, ...]:
   own = layer.scope.path
 
   def visit(_, sub):
-    if sub.scope is not None and sub.scope.path[:len(own)] != own:
-      found.setdefault(sub._id, sub)
+    path = None if sub.scope is None else sub.scope.path
+    if path is not None and path[:len(own)] != own and own[:len(path)] != path:
+      found.setdefault(sub._id, sub)  # neither inside the layer nor one of its ancestors
     return sub
 
   for field in dataclasses.fields(layer):
