@@ -2,8 +2,11 @@
 
 A flax module at our scope ``S`` (path ``p``) runs through flax's own
 ``init_with_output``/``apply`` on a small flax tree that places it at ``p``:
-``_Path`` modules named ``p[:-1]`` lead to a ``_Leaf`` named ``p[-1]`` whose scope
-the flax module shares. So:
+``_Path`` modules lead to a ``_Group`` at the caller's path ``p[:-1]``, which
+binds the module there under ``p[-1]``, with the flax submodules that its
+fields hold where flax puts them (beside it when made in a ``compact``
+method, under it otherwise). At a root scope a ``_Leaf`` shares its scope with
+the module instead. So:
 
 * its variables are ``S``'s variables, nested under ``p`` going in and taken
   from under ``p`` coming out (mutated collections are written back to ``S``);
@@ -24,9 +27,11 @@ the flax module shares. So:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import functools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import flax.core
 import flax.linen as flax_nn
 
 from lift.filters import DenyList, Filter, union_filters
@@ -60,19 +65,54 @@ class _Leaf(flax_nn.Module):
     for col, tree in call.existing.items():
       for name, value in tree.items():
         self.scope.put_variable(col, name, value)
-    if call.counters is None:
-      return getattr(self.adapted_flax_module, call.method)(*call.args, **call.kwargs)
-    # flax keeps a scope's counts in a dict: {stream: count, (token, child): {...}}.
-    flax_counters = self.scope.rng_counters
-    _to_flax_counters(call.counters, flax_counters, _child_token(self.scope))
-    try:
-      return getattr(self.adapted_flax_module, call.method)(*call.args, **call.kwargs)
-    finally:
-      _from_flax_counters(flax_counters, call.counters)
+    method = getattr(self.adapted_flax_module, call.method)
+    return _run_counted(self.scope, call, lambda: method(*call.args, **call.kwargs))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Built:
+  """A flax module to bind under ``name``, after the field submodules flax bound before it."""
+  module: flax_nn.Module
+  name: str
+  children: tuple['_Built', ...]
+
+  def bind(self, parent: flax_nn.Module) -> flax_nn.Module:
+    """Binds the field submodules (if built beside it), then the module, under ``parent``;
+    unbound field submodules are adopted by the module, as in ``setup``."""
+    children = iter([child.bind(parent) for child in self.children])
+    fields = _map_flax_children(self.module, lambda _: next(children)) if self.children else {}
+    return self.module.clone(parent=parent, name=self.name, **fields)
+
+
+class _Group(flax_nn.Module):
+  """Sits at the caller's path: binds the target and the submodules built with it there,
+  as flax binds modules constructed in a ``compact`` method (``LSTMCell_0`` beside ``RNN_0``)."""
+
+  @flax_nn.compact
+  def __call__(self, call: FlaxCall):
+    for col, tree in call.existing.items():
+      for name, value in tree.items():
+        self.scope.put_variable(col, name, value)
+    target = call.target.bind(self)
+    return _run_counted(self.scope, call, lambda: getattr(target, call.method)(*call.args,
+                                                                              **call.kwargs))
+
+
+def _run_counted(flax_scope: Any, call: FlaxCall, run) -> Any:
+  """``run()`` with flax's draw counts at ``flax_scope`` taken from, and returned to, ours."""
+  if call.counters is None:
+    return run()
+  # flax keeps a scope's counts in a dict: {stream: count, (token, child): {...}}.
+  flax_counters = flax_scope.rng_counters
+  _to_flax_counters(call.counters, flax_counters, _child_token())
+  try:
+    return run()
+  finally:
+    _from_flax_counters(flax_counters, call.counters)
 
 
 class _Path(flax_nn.Module):
-  """One level of the path from the flax root down to the leaf."""
+  """One level of the path from the flax root down to the leaf (or the group)."""
   names: tuple[str, ...]
 
   @flax_nn.compact
@@ -80,7 +120,42 @@ class _Path(flax_nn.Module):
     head, *rest = self.names
     if rest:
       return _Path(tuple(rest), name=head)(call)
+    if isinstance(call.target, _Built):
+      return _Group(name=head)(call)
     return _Leaf(call.target, name=head)(call)
+
+
+def _map_flax_children(module: flax_nn.Module, fn) -> dict[str, Any]:
+  """The fields of ``module`` holding flax modules, each such module replaced by ``fn(it)``.
+
+  Nested lists, tuples and dicts are walked in order (flax's ``Sequential`` layers).
+  """
+  def walk(value):
+    if isinstance(value, flax_nn.Module):
+      return fn(value)
+    if isinstance(value, (list, tuple)):
+      return type(value)(walk(v) for v in value)
+    if isinstance(value, Mapping):
+      return type(value)({k: walk(v) for k, v in value.items()})
+    return value
+
+  changed = {}
+  for field in dataclasses.fields(module):
+    if field.init and field.name not in ('parent', 'name'):
+      value = getattr(module, field.name)
+      if _holds_flax_module(value):
+        changed[field.name] = walk(value)
+  return changed
+
+
+def _holds_flax_module(value: Any) -> bool:
+  if isinstance(value, flax_nn.Module):
+    return True
+  if isinstance(value, (list, tuple)):
+    return any(_holds_flax_module(v) for v in value)
+  if isinstance(value, Mapping):
+    return any(_holds_flax_module(v) for v in value.values())
+  return False
 
 
 def to_flax_filter(f: Filter) -> Any:
@@ -121,17 +196,16 @@ def _flax_path(scope: Scope) -> tuple[str, ...]:
   return scope.path
 
 
-def _child_token(scope: Any) -> Any:
-  """The marker flax puts before a child's name in its counter dicts (seen on the parent)."""
-  parent = scope.parent
-  keys = parent.rng_counters if parent is not None else {}
-  return next((key[0] for key in keys if isinstance(key, tuple)), None)
+@functools.cache
+def _child_token() -> Any:
+  """The marker flax puts before a child's name in a scope's counter dict, read from one."""
+  scope = flax.core.Scope({})
+  scope.push('child')
+  return next(key[0] for key in scope.rng_counters if isinstance(key, tuple))
 
 
 def _to_flax_counters(node: RngCounters, counters: dict, token: Any) -> None:
   counters.update(node.counts)
-  if token is None:
-    return
   for name, child in node.children.items():
     _to_flax_counters(child, counters.setdefault((token, name), {}), token)
 
@@ -160,40 +234,78 @@ def _capture_filter():
   capture = context.capture_stack[-1] if context.capture_stack else None
   if capture is None:
     return False
-  return lambda m, method: not isinstance(m, (_Path, _Leaf)) and capture(m, method)
+  return lambda m, method: not isinstance(m, (_Path, _Leaf, _Group)) and capture(m, method)
 
 
 def run_flax(scope: Scope, target: flax_nn.Module, method: str, args: tuple,
-             kwargs: dict) -> Any:
+             kwargs: dict, siblings: Sequence['FlaxModule'] = ()) -> Any:
   """Runs ``target.<method>(*args, **kwargs)`` as if it were a native module at ``scope``.
+
+  ``siblings`` are the wrappers of ``target``'s field submodules, bound beside
+  it; flax then runs at the caller's path and binds them there.
 
   >>> y = run_flax(scope, flax.linen.Dense(3), '__call__', (x,), {})
   """
   path = _flax_path(scope)
-  existing = {col: copy_structure(tree) for col, tree in scope.variables().items()}
   native = _native_rngs(scope, path)
   rngs = _flax_keys(scope, native)
   initializing = bool(scope.get_flag('initializing', False))
+  if path and scope.parent is not None and path[-1] == scope.name:
+    # flax runs at the caller's path and binds the target (and its siblings) there.
+    base, members = path[:-1], {m.name: m.scope for m in _flatten(siblings)}
+    members[scope.name] = scope
+    counters, target = scope.parent.rng_counters, _Built(target, scope.name, _built(siblings))
+  else:  # at a root: the target shares the leaf's scope
+    base, members, counters = path, None, scope.rng_counters
+  existing = _read(scope, members)
   call = FlaxCall(target, method, args, kwargs, existing if initializing else {},
-                  scope.rng_counters if native else None)
-  root = _Path(path) if path else _Leaf(target)
+                  counters if native else None)
+  root = _Path(base) if base else (_Group() if members is not None else _Leaf(target))
   capture = _capture_filter()
   if initializing:
     mutable = to_flax_filter(union_filters(scope.mutable, set(existing)))
     y, out = root.init_with_output(rngs, call, mutable=mutable,
                                    capture_intermediates=capture)
   elif scope.mutable is False:
-    variables = {col: _nest(path, tree) for col, tree in existing.items()}
+    variables = {col: _nest(base, tree) for col, tree in existing.items()}
     return root.apply(variables, call, rngs=rngs or None)
   else:
-    variables = {col: _nest(path, tree) for col, tree in existing.items()}
+    variables = {col: _nest(base, tree) for col, tree in existing.items()}
     y, out = root.apply(variables, call, rngs=rngs or None,
                         mutable=to_flax_filter(scope.mutable), capture_intermediates=capture)
   for col, tree in out.items():
     if scope.is_mutable_collection(col):
-      for name, value in _at(path, tree).items():
-        scope.put_variable(col, name, value)
+      _write(scope, members, col, _at(base, tree))
   return y
+
+
+def _flatten(wrappers: Sequence['FlaxModule']) -> list['FlaxModule']:
+  return [w for wrapper in wrappers for w in (*_flatten(wrapper.siblings), wrapper)]
+
+
+def _built(wrappers: Sequence['FlaxModule']) -> tuple[_Built, ...]:
+  return tuple(_Built(w.module, w.name, _built(w.siblings)) for w in wrappers)
+
+
+def _read(scope: Scope, members: Mapping[str, Scope] | None) -> dict:
+  """The variables flax starts from: ``scope``'s, or each member's under its name."""
+  if members is None:
+    return {col: copy_structure(tree) for col, tree in scope.variables().items()}
+  existing: dict = {}
+  for name, member in members.items():
+    for col, tree in member.variables().items():
+      existing.setdefault(col, {})[name] = copy_structure(tree)
+  return existing
+
+
+def _write(scope: Scope, members: Mapping[str, Scope] | None, col: str, tree: Mapping) -> None:
+  if members is None:
+    for name, value in tree.items():
+      scope.put_variable(col, name, value)
+    return
+  for member, subtree in tree.items():
+    for name, value in subtree.items():
+      members[member].put_variable(col, name, value)
 
 
 class FlaxModule(Module):
@@ -201,8 +313,11 @@ class FlaxModule(Module):
 
   Its automatic name is the flax class's (``Dense_0``); other methods of the
   flax module are reachable as attributes (``from_flax(nn.Embed(...)).attend``).
+  ``siblings`` wrap the flax submodules that its fields hold, where flax binds
+  them: beside it, when it was made in a ``compact`` method.
   """
   module: flax_nn.Module
+  siblings: tuple['FlaxModule', ...] = ()
 
   @nowrap
   def autoname_prefix(self) -> str:
@@ -213,7 +328,7 @@ class FlaxModule(Module):
 
   def __call__(self, *args, **kwargs):
     scope = self._bound_scope(f'Calling flax `{type(self.module).__name__}`')
-    return run_flax(scope, self.module, '__call__', args, kwargs)
+    return run_flax(scope, self.module, '__call__', args, kwargs, self.siblings)
 
   def call_method(self, method: str, *args, **kwargs):
     """Runs another method of the flax module.
@@ -221,14 +336,17 @@ class FlaxModule(Module):
     >>> logits = from_flax(flax.linen.Embed(10, 4)).call_method('attend', query)
     """
     scope = self._bound_scope(f'Calling flax `{type(self.module).__name__}.{method}`')
-    return run_flax(scope, self.module, method, args, kwargs)
+    return run_flax(scope, self.module, method, args, kwargs, self.siblings)
 
 
 def from_flax(module: flax_nn.Module, *, name: str | None = None) -> FlaxModule:
   """Wraps a `flax.linen` module instance as a submodule of the current module.
 
   Variables, rng keys and mutable collections are those of the same module in
-  a native flax model at the same path.
+  a native flax model at the same path. Flax modules held by its fields (an
+  ``RNN``'s cell, ``Sequential``'s layers) sit where flax puts them: beside it
+  (``LSTMCell_0``, ``RNN_0``) in a ``compact`` method, under it (``rnn/cell``)
+  in ``setup``.
 
   >>> class Model(Module):
   ...   @compact
@@ -237,4 +355,10 @@ def from_flax(module: flax_nn.Module, *, name: str | None = None) -> FlaxModule:
   """
   if not isinstance(module, flax_nn.Module):
     raise errors.FlaxAdapterError(module)
-  return FlaxModule(module.clone(parent=None, name=None), name=name or module.name)
+  name, module = name or module.name, module.clone(parent=None, name=None)
+  caller = context.module_stack[-1]
+  siblings: list[FlaxModule] = []
+  if caller is not None and caller._state.in_compact_method and not caller._state.in_setup:
+    # flax binds a module made in a compact method to that method's module at once.
+    _map_flax_children(module, lambda sub: siblings.append(from_flax(sub)))
+  return FlaxModule(module, tuple(siblings), name=name)

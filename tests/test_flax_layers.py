@@ -299,3 +299,70 @@ def test_vmap_metadata_params_add_the_axis_name_to_boxes():
   variables = make(nn).init(KEY, x)
   assert_same(variables, make(flax_nn).init(KEY, x))
   assert variables['params']['VmapLayer_0']['Dense_0']['kernel'].names == ('layers', None, 'mlp')
+
+
+# -- flax layers holding flax submodules (RNN's cell, Sequential's layers) -------------------
+
+
+def _combinators(fnn):
+  return {
+      'RNN': lambda: fnn.RNN(fnn.LSTMCell(4)),
+      'Sequential': lambda: fnn.Sequential([fnn.Dense(4), fnn.Dropout(0.5, deterministic=False),
+                                            fnn.relu, fnn.Dense(4)]),
+      'WeightNorm': lambda: fnn.WeightNorm(fnn.Dense(4)),
+  }
+
+
+def _combinator_model(nn, name, in_setup, wrap=lambda m: m):
+  make = _combinators(flax_nn)[name]
+  adapt = nn.from_flax if nn is not flax_nn else (lambda m: m)
+
+  class Model(nn.Module):
+    if in_setup:
+      def setup(self):
+        self.layer = adapt(make())
+
+      def __call__(self, x):
+        return self.layer(x) + self.layer(x)
+    else:
+      @nn.compact
+      def __call__(self, x):
+        layer = adapt(make())  # the submodules flax binds beside it, then a native one
+        return layer(x) + layer(x) + adapt(flax_nn.Dense(4))(x)
+
+  class Outer(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return wrap(Model)(name='model')(x)
+  return Outer()
+
+
+@pytest.mark.parametrize('in_setup', [False, True])
+@pytest.mark.parametrize('name', ['RNN', 'Sequential', 'WeightNorm'])
+def test_flax_combinators_place_their_submodules_as_flax(name, in_setup):
+  """compact: LSTMCell_0 / Dense_0, Dense_1 beside the wrapper; setup: under it (layer/cell)."""
+  x = jnp.ones((2, 3, 4)) if name != 'Sequential' else X
+  ours = _combinator_model(nn, name, in_setup)
+  theirs = _combinator_model(flax_nn, name, in_setup)
+  v_ours = ours.init(RNGS, x)
+  v_theirs = theirs.init(RNGS, x)
+  assert_same(v_ours, v_theirs)
+  assert_same(ours.apply(v_ours, x, rngs=RNGS), theirs.apply(v_theirs, x, rngs=RNGS))
+  grads = [jax.grad(lambda p, m=m: jnp.sum(m.apply({'params': p}, x, rngs=RNGS) ** 2))(
+      v_ours['params']) for m in (ours, theirs)]
+  assert_same(*grads)
+
+
+def test_flax_combinators_inside_lifted_transforms_as_flax():
+  """The wrapper and the submodules beside it are lifted together (nn.remat, nn.vmap)."""
+  x = jnp.stack([X, -X])
+  ours = _combinator_model(nn, 'Sequential', False,
+                           lambda m: nn.vmap(nn.remat(m), variable_axes={'params': 0},
+                                             split_rngs={'params': True, 'dropout': True}))
+  theirs = _combinator_model(
+      flax_nn, 'Sequential', False,
+      lambda m: flax_nn.vmap(flax_nn.remat(m), variable_axes={'params': 0},
+                             split_rngs={'params': True, 'dropout': True}))
+  v_ours, v_theirs = ours.init(RNGS, x), theirs.init(RNGS, x)
+  assert_same(v_ours, v_theirs)
+  assert_same(ours.apply(v_ours, x, rngs=RNGS), theirs.apply(v_theirs, x, rngs=RNGS))

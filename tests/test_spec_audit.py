@@ -1747,9 +1747,6 @@ FLAX_COMBINATORS = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason='from_flax of a flax layer that holds submodules built in the '
-                   'caller (RNN cell, WeightNorm layer, Sequential layers) adopts them under the '
-                   'wrapper; flax binds them to the caller (LSTMCell_0, Dense_0 at parent level)')
 @pytest.mark.parametrize('name', sorted(FLAX_COMBINATORS))
 def test_from_flax_combinator_tree_vs_flax(name):
   make = FLAX_COMBINATORS[name]
