@@ -46,12 +46,12 @@ from linen_ext.module import Module, nowrap
 @dataclasses.dataclass(frozen=True)
 class FlaxCall:
   """One method call of a flax module, handed through flax's ``apply`` as an argument."""
-  target: flax_nn.Module
+  target: Any  # the flax module (at a leaf), or the _Built group to bind
   method: str
   args: tuple
   kwargs: dict
-  existing: dict  # variables put at the target's scope first (init only)
-  counters: RngCounters | None  # the draw counts at the target's scope; None: flax's own
+  existing: dict  # variables put at the leaf's (group's) scope first (init only)
+  counters: RngCounters | None  # the draw counts there; None: flax's own
 
 
 class _Leaf(flax_nn.Module):
@@ -130,8 +130,11 @@ def _map_flax_children(module: flax_nn.Module, fn) -> dict[str, Any]:
 
   Nested lists, tuples and dicts are walked in order (flax's ``Sequential`` layers).
   """
+  found: list[flax_nn.Module] = []
+
   def walk(value):
     if isinstance(value, flax_nn.Module):
+      found.append(value)
       return fn(value)
     if isinstance(value, (list, tuple)):
       return type(value)(walk(v) for v in value)
@@ -142,20 +145,11 @@ def _map_flax_children(module: flax_nn.Module, fn) -> dict[str, Any]:
   changed = {}
   for field in dataclasses.fields(module):
     if field.init and field.name not in ('parent', 'name'):
-      value = getattr(module, field.name)
-      if _holds_flax_module(value):
-        changed[field.name] = walk(value)
+      count = len(found)
+      value = walk(getattr(module, field.name))
+      if len(found) > count:
+        changed[field.name] = value
   return changed
-
-
-def _holds_flax_module(value: Any) -> bool:
-  if isinstance(value, flax_nn.Module):
-    return True
-  if isinstance(value, (list, tuple)):
-    return any(_holds_flax_module(v) for v in value)
-  if isinstance(value, Mapping):
-    return any(_holds_flax_module(v) for v in value.values())
-  return False
 
 
 def to_flax_filter(f: Filter) -> Any:
