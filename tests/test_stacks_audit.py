@@ -1223,27 +1223,36 @@ def test_nested_remat_supports_forward_mode_as_jax_checkpoint():
 
 # Found by this audit (fixed in c5a77a3): scan_layers refused layers built with a fresh
 # initializer closure each (kernel_init=normal(0.02)) as 'other code'.
+def _layer_list_model(m, scanned, make_layers):
+  """A module whose ``setup`` makes ``make_layers(m, self)``, run by scan_layers or the loop."""
+  class Model(m.Module):
+    def setup(self):
+      make_layers(m, self)
+
+    def __call__(self, x):
+      if scanned:
+        return nn.scan_layers(self.layers, x)
+      for layer in self.layers:
+        x = layer(x)
+      return x
+  return Model()
+
+
+def _assert_scan_layers_is_the_flax_loop(make_layers):
+  variables = _layer_list_model(fnn, False, make_layers).init(KEY, X)
+  assert_trees(_layer_list_model(nn, True, make_layers).init(KEY, X), variables, tol=0)
+  assert_trees(_layer_list_model(nn, True, make_layers).apply(variables, X),
+               _layer_list_model(fnn, False, make_layers).apply(variables, X))
+
+
 def test_scan_layers_accepts_layers_with_equal_initializer_closures():
-  def model(m, scanned):
-    class Model(m.Module):
-      def setup(self):
-        self.layers = [m.Dense(4, kernel_init=m.initializers.normal(0.02)) for _ in range(3)]
-
-      def __call__(self, x):
-        if scanned:
-          return nn.scan_layers(self.layers, x)
-        for layer in self.layers:
-          x = layer(x)
-        return x
-    return Model
-
-  variables = model(fnn, False)().init(KEY, X)
-  assert_trees(model(nn, True)().init(KEY, X), variables, tol=0)
-  assert_trees(model(nn, True)().apply(variables, X), model(fnn, False)().apply(variables, X))
+  def make_layers(m, module):
+    module.layers = [m.Dense(4, kernel_init=m.initializers.normal(0.02)) for _ in range(3)]
+  _assert_scan_layers_is_the_flax_loop(make_layers)
 
 
 def test_scan_layers_with_a_module_shared_from_the_parent_as_the_flax_loop():
-  def model(m, scanned):
+  def make_layers(m, module):
     class Layer(m.Module):
       shared: m.Module
 
@@ -1251,22 +1260,9 @@ def test_scan_layers_with_a_module_shared_from_the_parent_as_the_flax_loop():
       def __call__(self, x):
         return x + jnp.tanh(self.shared(m.Dense(4)(x)))
 
-    class Model(m.Module):
-      def setup(self):
-        self.shared = m.Dense(4)
-        self.layers = [Layer(self.shared) for _ in range(3)]
-
-      def __call__(self, x):
-        if scanned:
-          return nn.scan_layers(self.layers, x)
-        for layer in self.layers:
-          x = layer(x)
-        return x
-    return Model
-
-  variables = model(fnn, False)().init(KEY, X)
-  assert_trees(model(nn, True)().init(KEY, X), variables, tol=0)
-  assert_trees(model(nn, True)().apply(variables, X), model(fnn, False)().apply(variables, X))
+    module.shared = m.Dense(4)
+    module.layers = [Layer(module.shared) for _ in range(3)]
+  _assert_scan_layers_is_the_flax_loop(make_layers)
 
 
 # Found by this audit (fixed in f63e322): a carry-dtype-changing layer gave lax.scan's raw
