@@ -3,7 +3,8 @@
 `cond` and `switch` trace every branch from the same counters and leave the
 elementwise maximum behind; `while_loop`'s condition and body draw one after
 the other; `map_variables` rewinds after its init
-pass; `jit` traces with zeroed counters to learn how far one call advances them.
+pass; `jit` traces with zeroed counters to learn how far one call advances them
+(or, where keys must be hashed while tracing, from the current ones).
 Counter nodes are changed in place and never replaced, because child scopes
 hold references to them.
 """
@@ -105,6 +106,42 @@ def zeroed(nodes: Sequence[RngCounters]) -> Iterator[list[CountSnapshot]]:
   finally:
     for node, snap in zip(nodes, saved):
       restore(node, snap)
+
+
+def _minus(after: CountSnapshot, before: CountSnapshot) -> CountSnapshot:
+  counts = {s: n - before.counts.get(s, 0) for s, n in after.counts.items()
+            if n != before.counts.get(s, 0)}
+  children = {name: _minus(child, before.children.get(name, EMPTY))
+              for name, child in after.children.items()}
+  return CountSnapshot(counts, children)
+
+
+@contextlib.contextmanager
+def measured(nodes: Sequence[RngCounters]) -> Iterator[list[CountSnapshot]]:
+  """Runs the body from the current counts, then restores them.
+
+  Yields a list that receives each node's increments when the body succeeds.
+  """
+  saved = [snapshot(node) for node in nodes]
+  increments: list[CountSnapshot] = []
+  try:
+    yield increments
+    increments.extend(_minus(snapshot(node), snap) for node, snap in zip(nodes, saved))
+  finally:
+    for node, snap in zip(nodes, saved):
+      restore(node, snap)
+
+
+def total(node: RngCounters) -> int:
+  """All draws counted at ``node`` and below it."""
+  return sum(node.counts.values()) + sum(total(child) for child in node.children.values())
+
+
+def frozen(snap: CountSnapshot) -> tuple:
+  """A hashable form of ``snap`` (a cache key part); zero counts and empty nodes left out."""
+  children = ((name, frozen(child)) for name, child in snap.children.items())
+  return (tuple(sorted((s, n) for s, n in snap.counts.items() if n)),
+          tuple(sorted((name, child) for name, child in children if child != ((), ()))))
 
 
 class SharedStart:

@@ -31,6 +31,22 @@ _REPLAY_MISMATCH = (
     '(static_argnums/static_argnames), or decide it outside the jitted function.')
 
 
+class ConcreteKeysNeeded(Exception):
+  """Raised while `lift.jit` traces on tape streams by code that hashes its own draws.
+
+  Flax's scopes (and `scan_layers`' per-layer hashes) derive keys from a
+  stream's suffix and counts in Python, which the tape does not know. `lift.jit`
+  catches it and compiles that structure for the concrete suffixes and counts.
+  """
+
+
+def require_concrete(streams: Any) -> None:
+  """Raises `ConcreteKeysNeeded` if any stream in ``streams`` is a tape stream."""
+  leaves = jax.tree.leaves(streams, is_leaf=lambda x: isinstance(x, RngStream))
+  if any(isinstance(s, TapeStream) for s in leaves):
+    raise ConcreteKeysNeeded()
+
+
 class _OuterSuffix:
   """Stands for the lifted stream's suffix, which is only known at call time."""
 
@@ -141,5 +157,5 @@ def has_tape_streams(rng_groups: Any) -> bool:
              for group in rng_groups for streams in group for s in streams.values())
 
 
-__all__ = ['Draw', 'Tape', 'TapeStream', 'draw_hashes', 'has_tape_streams', 'static_hash',
-           'tape_streams']
+__all__ = ['ConcreteKeysNeeded', 'Draw', 'Tape', 'TapeStream', 'draw_hashes', 'has_tape_streams',
+           'require_concrete', 'static_hash', 'tape_streams']

@@ -23,6 +23,14 @@ The streams and the hashing live in `lift._jit_rngs`.
 3. the compiled function runs with those hashes: the keys of the un-jitted
    program;
 4. the outer counters advance by the recorded increments.
+
+Code that hashes its own keys while tracing (a wrapped flax layer, which
+derives keys from its path in Python; `scan_layers`, which hashes each
+layer's draws) cannot draw from a tape: it raises `ConcreteKeysNeeded` in the
+first trace. Such a structure is compiled per concrete stream suffixes (part
+of the streams' pytree structure) and draw counts (part of the key), with the
+streams themselves inside: the un-jitted keys again, at the price of one
+compilation per path and count, as Flax's own `jit`.
 """
 from __future__ import annotations
 
@@ -38,8 +46,10 @@ import jax
 import numpy as np
 
 from lift import errors
-from lift._counters import CountSnapshot, EMPTY, advance, counter_roots, zeroed
-from lift._jit_rngs import Draw, Tape, draw_hashes, has_tape_streams, tape_streams
+from lift._counters import (CountSnapshot, EMPTY, advance, counter_roots, frozen, measured,
+                            snapshot, zeroed)
+from lift._jit_rngs import (ConcreteKeysNeeded, Draw, Tape, draw_hashes, has_tape_streams,
+                            tape_streams)
 from lift.checkpoint import check_argnames, check_argnums, check_in_range
 from lift.filters import DenyList, Filter, validate_filter
 from lift.pack import pack
@@ -96,6 +106,7 @@ class CallKey(NamedTuple):
   scope_treedef: Any
   scope_paths: tuple[tuple[int, tuple[str, ...]], ...]
   roots: tuple[_RootKey, ...]
+  counts: tuple | None = None  # each root's draw counts, where keys are hashed while tracing
 
 
 class _SplitCall(NamedTuple):
@@ -184,10 +195,12 @@ def _types(fn, label: str, tree: Any) -> tuple[Any, ...]:
 
 class _Recorded(NamedTuple):
   """What one structure's call draws, how far it advances each root's counters,
-  and the size of the hash array its compiled function takes."""
+  and the size of the hash array its compiled function takes. ``concrete``: the
+  call hashes keys while tracing, so it compiles per suffix and counts instead."""
   draws: tuple[Draw, ...]
   increments: tuple[CountSnapshot, ...]
   pool: int
+  concrete: bool = False
 
 
 class _Call:
@@ -217,37 +230,40 @@ def _active(call: _Call):
     _ACTIVE.calls.pop()
 
 
-def _traced_call(key: CallKey, scope_fn, repack_fn, tape: Tape, variable_groups,
-                 raw_keys, dyn_args, dyn_kwargs):
-  """Runs the function on tape streams with zeroed counters; the tape records increments."""
-  scope_tree = scope_fn(variable_groups, tape_streams(raw_keys, tape))
-  args, kwargs = _merge_call(key, dyn_args, dyn_kwargs)
-  with zeroed(counter_roots(scope_tree)) as increments:
-    y = key.config.fn(scope_tree, *args, **kwargs)
-    out_groups = repack_fn(scope_tree)
-  tape.increments = tuple(increments)
-  return y, out_groups
-
-
-def _jit_body(key: CallKey, variable_groups, raw_keys, hashes, dyn_kwargs, *dyn_args):
+def _jit_body(key: CallKey, variable_groups, rngs, hashes, dyn_kwargs, *dyn_args):
+  """The compiled function. ``rngs``: the raw keys, drawn through a tape of
+  ``hashes`` from zeroed counters; or, with ``key.counts``, the streams
+  themselves, drawn from the current counters."""
   if not _ACTIVE.calls:
     raise errors.LiftError(_NO_ACTIVE_CALL)
   call = _ACTIVE.calls[-1]
-  tape = Tape(_name(key.config.fn), hashes, call.expected)
-  result = _traced_call(key, call.scope_fn, call.repack_fn, tape, variable_groups,
-                        raw_keys, dyn_args, dyn_kwargs)
-  tape.check_complete()
-  call.recorded = _Recorded(tuple(tape.draws), tape.increments, hashes.shape[0])
-  return result
+  if key.counts is None:
+    tape = Tape(_name(key.config.fn), hashes, call.expected)
+    rng_groups, counting = tape_streams(rngs, tape), zeroed
+  else:
+    tape, rng_groups, counting = None, (rngs,), measured
+  scope_tree = call.scope_fn(variable_groups, rng_groups)
+  args, kwargs = _merge_call(key, dyn_args, dyn_kwargs)
+  with counting(counter_roots(scope_tree)) as increments:
+    y = key.config.fn(scope_tree, *args, **kwargs)
+    out_groups = call.repack_fn(scope_tree)
+  if tape is not None:
+    tape.check_complete()
+  draws = () if tape is None else tuple(tape.draws)
+  call.recorded = _Recorded(draws, tuple(increments), hashes.shape[0])
+  return y, out_groups
 
 
 def _trace_first(key: CallKey, options, scope_fn, repack_fn, dynamic: tuple, pool: int) -> _Recorded:
   """Traces (without compiling) with a placeholder hash array; JAX keeps the trace for the call."""
-  variable_groups, raw_keys, dyn_args, dyn_kwargs = dynamic
-  args = (variable_groups, raw_keys, np.zeros(pool, np.uint32), dyn_kwargs, *dyn_args)
+  variable_groups, rngs, dyn_args, dyn_kwargs = dynamic
+  args = (variable_groups, rngs, np.zeros(pool, np.uint32), dyn_kwargs, *dyn_args)
   call = _Call(scope_fn, repack_fn, None)
   with _active(call):
-    _compiled(options).trace(key, *args)
+    try:
+      _compiled(options).trace(key, *args)
+    except ConcreteKeysNeeded:
+      return _Recorded((), (), 0, concrete=True)
     if call.recorded is None:  # JAX still had this trace: record with an uncached one
       jax.eval_shape(functools.partial(_jit_body, key), *args)
   return call.recorded
@@ -256,6 +272,8 @@ def _trace_first(key: CallKey, options, scope_fn, repack_fn, dynamic: tuple, poo
 def _record(key: CallKey, options, scope_fn, repack_fn, dynamic: tuple) -> _Recorded:
   if not any(dynamic[1]):  # no rng streams: nothing to draw, the call itself traces
     return _Recorded((), (EMPTY,) * len(key.roots), 0)
+  if key.counts is not None:
+    return _trace_first(key, options, scope_fn, repack_fn, dynamic, 0)
   pool = _POOL_HINT.get(key.config, 16)
   recorded = _trace_first(key, options, scope_fn, repack_fn, dynamic, pool)
   if len(recorded.draws) > pool:
@@ -312,12 +330,17 @@ def _jit_groups(config: _Config, scope_fn, repack_fn, variable_groups, rng_group
   options = _JitOptions(
       tuple(p - sum(s < p for s in config.static_positions) for p in config.donate_positions),
       config.device, config.backend)
-  recorded = _recorded(key, options, scope_fn, repack_fn,
-                       (variable_groups, raw_keys, call.dyn_args, call.dyn_kwargs))
+  dynamic = (variable_groups, raw_keys, call.dyn_args, call.dyn_kwargs)
+  recorded = _recorded(key, options, scope_fn, repack_fn, dynamic)
   nodes = [root.rng_counters for root in _roots(scope_tree)[2]]
+  rngs = raw_keys
+  if recorded.concrete:  # compiled for these suffixes (in the streams' treedef) and counts
+    key = key._replace(counts=tuple(frozen(snapshot(node)) for node in nodes))
+    rngs = streams
+    recorded = _recorded(key, options, scope_fn, repack_fn, (variable_groups, rngs) + dynamic[2:])
   hashes = draw_hashes(recorded.draws, streams, nodes, recorded.pool)
   with _active(_Call(scope_fn, repack_fn, recorded.draws)):
-    y, out_groups = _compiled(options)(key, variable_groups, raw_keys, hashes,
+    y, out_groups = _compiled(options)(key, variable_groups, rngs, hashes,
                                       call.dyn_kwargs, *call.dyn_args)
   for node, increments in zip(nodes, recorded.increments):
     advance(node, increments)

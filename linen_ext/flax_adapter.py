@@ -16,9 +16,12 @@ the module instead. So:
   counter))`` from the raw key and the same names, and the draw counters of
   ``S`` and of everything below it go into flax's scope before the call and
   come back after it. Later calls, and the retraces of lifted transforms
-  (``scan``'s pre-pass), continue the counts as a native module does. Where
-  the suffix is not a path (inside ``lift.jit``), flax gets one fresh draw of
-  each stream per call instead: never a repeated key, but not flax's;
+  (``scan``'s pre-pass), continue the counts as a native module does. Inside
+  ``lift.jit``'s first trace of a structure the suffix is not known yet; a
+  flax module that draws there makes ``lift.jit`` compile that structure for
+  its concrete suffixes and counts. Where ``fold_rngs`` cut the suffix to
+  something other than a path, flax gets one fresh draw of each stream per
+  call instead: never a repeated key, but not flax's;
 * inside ``init`` the flag ``is_initializing()`` holds (flax's ``init``), and the
   variables created so far are put back first, so a second call reuses them;
 * mutability is ``S``'s filter, so ``batch_stats`` follow ``apply(mutable=...)``
@@ -34,6 +37,8 @@ from typing import Any
 import flax.core
 import flax.linen as flax_nn
 
+from lift._counters import total
+from lift._jit_rngs import TapeStream, require_concrete
 from lift.filters import DenyList, Filter, union_filters
 from lift.rng import RngCounters
 from lift.scope import Scope, copy_structure
@@ -213,7 +218,13 @@ def _from_flax_counters(counters: dict, node: RngCounters) -> None:
 
 
 def _native_rngs(scope: Scope, path: tuple[str, ...]) -> bool:
-  """Whether flax, given the raw keys at ``path``, derives exactly our keys at ``scope``."""
+  """Whether flax, given the raw keys at ``path``, derives exactly our keys at ``scope``.
+
+  Inside ``lift.jit``'s first trace (tape streams) the answer is yes if flax
+  draws nothing; if it draws, `run_flax` asks ``lift.jit`` for concrete suffixes.
+  """
+  if any(isinstance(s, TapeStream) for s in scope.rngs.values()):
+    return True
   return bool(scope.rngs) and all(s.suffix == path for s in scope.rngs.values())
 
 
@@ -254,7 +265,19 @@ def run_flax(scope: Scope, target: flax_nn.Module, method: str, args: tuple,
   existing = _read(scope, members)
   call = FlaxCall(target, method, args, kwargs, existing if initializing else {},
                   counters if native else None)
-  root = _Path(base) if base else (_Group() if members is not None else _Leaf(target))
+  if not any(isinstance(s, TapeStream) for s in scope.rngs.values()):
+    return _run_root(scope, members, base, call, existing, rngs, initializing)
+  before = total(counters)
+  y = _run_root(scope, members, base, call, existing, rngs, initializing)
+  if total(counters) != before:  # flax drew keys; from tape streams they are not flax's
+    require_concrete(scope.rngs)
+  return y
+
+
+def _run_root(scope: Scope, members: Mapping[str, Scope] | None, base: tuple[str, ...],
+              call: FlaxCall, existing: dict, rngs: dict, initializing: bool) -> Any:
+  """Runs ``call`` through flax's ``init_with_output``/``apply``; writes back what it mutated."""
+  root = _Path(base) if base else (_Group() if members is not None else _Leaf(call.target))
   capture = _capture_filter()
   if initializing:
     mutable = to_flax_filter(union_filters(scope.mutable, set(existing)))

@@ -40,7 +40,7 @@ import numpy as np
 from lift import errors as lift_errors
 from lift import loops
 from lift._counters import advance, zeroed
-from lift._jit_rngs import Tape, draw_hashes, has_tape_streams, tape_streams
+from lift._jit_rngs import Tape, draw_hashes, require_concrete, tape_streams
 from lift.loops.stacking import stack_rows, unstack_rows
 from lift.pack import pack
 from lift.rng import RngCounters
@@ -71,13 +71,6 @@ _SHARED_MODULE_WRITES = (
     'inside the loop. scan_layers gives a module shared by the layers its '
     'variables read-only and no rng streams. Fix: call it outside scan_layers and '
     'pass its result to the layers, or call the layers in a Python loop.')
-_DRAWS_UNDER_JIT = (
-    'scan_layers: the layers draw rng keys ({streams}) inside nn.jit/lift.jit, '
-    'whose streams only know their path when the jitted function runs, so the '
-    'per-layer keys cannot be computed. Fix: jit the whole step with jax.jit '
-    'instead (outside init/apply), or call scan_layers outside nn.jit.')
-
-
 def _check_layers(layers: Any) -> tuple[Module, ...]:
   if not isinstance(layers, Sequence) or not layers:
     raise errors.LayerStackError(_NOT_LAYERS.format(value=layers, reason='empty or not a list'))
@@ -198,12 +191,6 @@ def _check_carry(x: Any, out: Any):
     raise errors.LayerStackError(_CARRY_CHANGED.format(before=types(x), after=types(out)))
 
 
-def _check_draws(draws: list, rng_groups: Any):
-  if draws and has_tape_streams(rng_groups):
-    raise errors.LayerStackError(_DRAWS_UNDER_JIT.format(
-        streams=sorted({draw.stream for draw in draws})))
-
-
 def _loop_groups(first: Module, shared: tuple[Module, ...], layer_args: LayerArgs, remat: Any,
                  counters: list, scope_fn, repack_fn, variable_groups, rng_groups, x):
   """The `pack` client: stack, record the draws, run the loop, hand each layer its slice."""
@@ -218,7 +205,8 @@ def _loop_groups(first: Module, shared: tuple[Module, ...], layer_args: LayerArg
   carry_shape, _ = jax.eval_shape(step, x, _step_shapes(xs))
   _check_carry(x, carry_shape)
   step.draws, increments = step.recorded
-  _check_draws(step.draws, rng_groups)
+  if step.draws:  # hashed per layer here: lift.jit must give concrete suffixes and counts
+    require_concrete(rng_groups)
   xs = xs._replace(hashes=_layer_hashes(step.draws, layer_rngs, counters))
   carry, outs = loops.run_scan(step, x, xs, remat=remat)
   for node in counters:
