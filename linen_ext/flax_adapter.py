@@ -5,8 +5,8 @@ A flax module at our scope ``S`` (path ``p``) runs through flax's own
 ``_Path`` modules lead to a ``_Group`` at the caller's path ``p[:-1]``, which
 binds the module there under ``p[-1]``, with the flax submodules that its
 fields hold where flax puts them (beside it when made in a ``compact``
-method, under it otherwise). At a root scope a ``_Leaf`` shares its scope with
-the module instead. So:
+method, under it otherwise). At an empty path the module is flax's root
+itself. So:
 
 * its variables are ``S``'s variables, nested under ``p`` going in and taken
   from under ``p`` coming out (mutated collections are written back to ``S``);
@@ -51,27 +51,25 @@ from linen_ext.module import Module, nowrap
 @dataclasses.dataclass(frozen=True)
 class FlaxCall:
   """One method call of a flax module, handed through flax's ``apply`` as an argument."""
-  target: Any  # the flax module (at a leaf), or the _Built group to bind
+  target: Any  # the flax module (flax's root), or the _Built group to bind
   method: str
   args: tuple
   kwargs: dict
-  existing: dict  # variables put at the leaf's (group's) scope first (init only)
+  existing: dict  # variables put at the group's (root's) scope first (init only)
   counters: RngCounters | None  # the draw counts there; None: flax's own
 
 
-class _Leaf(flax_nn.Module):
-  """Sits at the target's path and shares its scope with the target."""
-  adapted_flax_module: flax_nn.Module
+def _put_existing(flax_scope: Any, existing: dict) -> None:
+  for col, tree in existing.items():
+    for name, value in tree.items():
+      flax_scope.put_variable(col, name, value)
 
-  def setup(self):
-    flax_nn.share_scope(self, self.adapted_flax_module)
 
-  def __call__(self, call: FlaxCall):
-    for col, tree in call.existing.items():
-      for name, value in tree.items():
-        self.scope.put_variable(col, name, value)
-    method = getattr(self.adapted_flax_module, call.method)
-    return _run_counted(self.scope, call, lambda: method(*call.args, **call.kwargs))
+def _root_method(module: flax_nn.Module, call: FlaxCall) -> Any:
+  """Runs ``call`` on ``module``, flax's root (passed as ``method=`` to flax's ``init``/``apply``)."""
+  _put_existing(module.scope, call.existing)
+  method = getattr(module, call.method)
+  return _run_counted(module.scope, call, lambda: method(*call.args, **call.kwargs))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +93,7 @@ class _Group(flax_nn.Module):
 
   @flax_nn.compact
   def __call__(self, call: FlaxCall):
-    for col, tree in call.existing.items():
-      for name, value in tree.items():
-        self.scope.put_variable(col, name, value)
+    _put_existing(self.scope, call.existing)
     target = call.target.bind(self)
     return _run_counted(self.scope, call, lambda: getattr(target, call.method)(*call.args,
                                                                               **call.kwargs))
@@ -117,7 +113,7 @@ def _run_counted(flax_scope: Any, call: FlaxCall, run) -> Any:
 
 
 class _Path(flax_nn.Module):
-  """One level of the path from the flax root down to the leaf (or the group)."""
+  """One level of the path from the flax root down to the group."""
   names: tuple[str, ...]
 
   @flax_nn.compact
@@ -125,9 +121,7 @@ class _Path(flax_nn.Module):
     head, *rest = self.names
     if rest:
       return _Path(tuple(rest), name=head)(call)
-    if isinstance(call.target, _Built):
-      return _Group(name=head)(call)
-    return _Leaf(call.target, name=head)(call)
+    return _Group(name=head)(call)
 
 
 def _map_flax_children(module: flax_nn.Module, fn) -> dict[str, Any]:
@@ -239,7 +233,7 @@ def _capture_filter():
   capture = context.capture_stack[-1] if context.capture_stack else None
   if capture is None:
     return False
-  return lambda m, method: not isinstance(m, (_Path, _Leaf, _Group)) and capture(m, method)
+  return lambda m, method: not isinstance(m, (_Path, _Group)) and capture(m, method)
 
 
 def run_flax(scope: Scope, target: flax_nn.Module, method: str, args: tuple,
@@ -260,8 +254,12 @@ def run_flax(scope: Scope, target: flax_nn.Module, method: str, args: tuple,
     base, members = path[:-1], {m.name: m.scope for m in _flatten(siblings)}
     members[scope.name] = scope
     counters, target = scope.parent.rng_counters, _Built(target, scope.name, _built(siblings))
-  else:  # at a root: the target shares the leaf's scope
-    base, members, counters = path, None, scope.rng_counters
+  elif path:  # a root scope (or a cut suffix): a group binds the target alone at path[-1]
+    base, members, counters = path[:-1], {path[-1]: scope}, RngCounters()
+    counters.children[path[-1]] = scope.rng_counters
+    target = _Built(target, path[-1], ())
+  else:  # the target is flax's root
+    base, members, counters = (), None, scope.rng_counters
   existing = _read(scope, members)
   call = FlaxCall(target, method, args, kwargs, existing if initializing else {},
                   counters if native else None)
@@ -277,18 +275,21 @@ def run_flax(scope: Scope, target: flax_nn.Module, method: str, args: tuple,
 def _run_root(scope: Scope, members: Mapping[str, Scope] | None, base: tuple[str, ...],
               call: FlaxCall, existing: dict, rngs: dict, initializing: bool) -> Any:
   """Runs ``call`` through flax's ``init_with_output``/``apply``; writes back what it mutated."""
-  root = _Path(base) if base else (_Group() if members is not None else _Leaf(call.target))
+  if members is None:
+    root, method = call.target, _root_method
+  else:
+    root, method = (_Path(base) if base else _Group()), None
   capture = _capture_filter()
   if initializing:
     mutable = to_flax_filter(union_filters(scope.mutable, set(existing)))
-    y, out = root.init_with_output(rngs, call, mutable=mutable,
+    y, out = root.init_with_output(rngs, call, method=method, mutable=mutable,
                                    capture_intermediates=capture)
   elif scope.mutable is False:
     variables = {col: _nest(base, tree) for col, tree in existing.items()}
-    return root.apply(variables, call, rngs=rngs or None)
+    return root.apply(variables, call, rngs=rngs or None, method=method)
   else:
     variables = {col: _nest(base, tree) for col, tree in existing.items()}
-    y, out = root.apply(variables, call, rngs=rngs or None,
+    y, out = root.apply(variables, call, rngs=rngs or None, method=method,
                         mutable=to_flax_filter(scope.mutable), capture_intermediates=capture)
   for col, tree in out.items():
     if scope.is_mutable_collection(col):

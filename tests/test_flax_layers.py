@@ -366,3 +366,45 @@ def test_flax_combinators_inside_lifted_transforms_as_flax():
   v_ours, v_theirs = ours.init(RNGS, x), theirs.init(RNGS, x)
   assert_same(v_ours, v_theirs)
   assert_same(ours.apply(v_ours, x, rngs=RNGS), theirs.apply(v_theirs, x, rngs=RNGS))
+
+
+@pytest.mark.parametrize('name', ['RNN', 'Sequential', 'WeightNorm'])
+def test_flax_combinator_as_the_root_module_as_flax(name):
+  """The wrapped module is flax's root: its held submodules adopt flax's keys (rnn/cell)."""
+  x = jnp.ones((2, 3, 4)) if name != 'Sequential' else X
+  ours, theirs = nn.from_flax(_combinators(flax_nn)[name]()), _combinators(flax_nn)[name]()
+  variables = ours.init(RNGS, x)
+  assert_same(variables, theirs.init(RNGS, x))
+  assert_same(ours.apply(variables, x, rngs=RNGS), theirs.apply(variables, x, rngs=RNGS))
+
+
+def test_flax_combinators_as_scan_layers_layers_give_the_loop_values():
+  """scan_layers lifts each layer as a root scope: the flax layer runs at the layer's path."""
+  class Model(nn.Module):
+    use_scan: bool
+
+    def setup(self):
+      self.layers = [nn.from_flax(flax_nn.WeightNorm(flax_nn.Dense(4))) for _ in range(3)]
+
+    def __call__(self, x):
+      if self.use_scan:
+        return nn.scan_layers(self.layers, x)
+      for layer in self.layers:
+        x = layer(x)
+      return x
+
+  class Flax(flax_nn.Module):
+    def setup(self):
+      self.layers = [flax_nn.WeightNorm(flax_nn.Dense(4)) for _ in range(3)]
+
+    def __call__(self, x):
+      for layer in self.layers:
+        x = layer(x)
+      return x
+
+  variables = Model(False).init(KEY, X)
+  assert_same(variables, Flax().init(KEY, X))
+  assert_same(Model(True).apply(variables, X), Flax().apply(variables, X))
+  grads = [jax.grad(lambda v, m=m: jnp.sum(m.apply(v, X) ** 2))(variables)
+           for m in (Model(True), Flax())]
+  assert_same(*grads)
