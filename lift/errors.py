@@ -194,6 +194,10 @@ class ScanLengthError(LiftError, ValueError):
   """The inputs of a loop disagree on the number of steps, or give none."""
 
 
+class ScanBodyError(LiftError, TypeError):
+  """The body of a lifted `scan` returned something other than a pair `(carry, ys)`."""
+
+
 class ScanTapsError(LiftError, ValueError):
   """A `lift.loops.scan_taps` sequence, output or `fn` result breaks the taps rules."""
 

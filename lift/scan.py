@@ -33,11 +33,17 @@ from lift.filters import Filter, in_filter
 from lift.metadata import add_group_axes, move_axis, remove_group_axes
 from lift.pack import pack
 from lift.rng import RngCounters
+from lift.scope import Scope
 from lift.vmap import (MappedLeaf, VariableAxes, check_axis_leaves, check_size,
                        check_split_rngs, check_variable_axes, infer_axis_size,
                        leaf_axes, leaf_axis_size, mapped_arguments,
                        mapped_variables, path_text, split_rng_groups)
 
+_NOT_A_PAIR = (
+    'scan at "{path}": the body returned {got}, but a scan body returns a pair (carry, ys): '
+    'the next carry (the structure, shapes and dtypes of the carry it received) and '
+    'the step\'s outputs (None for none). Fix: return `(carry, y)`; to scan a module '
+    'whose __call__ returns one value, wrap it in one that returns `(y, None)` or `(y, y)`.')
 _DEPENDS_ON_LOOP = (
     'scan: these values are loop-invariant (a broadcast variable, or an output '
     'with out_axes=lift.broadcast) but depend on the carry, on the scanned '
@@ -191,7 +197,12 @@ class _Step:
   def run(self, carry: LoopCarry, x: StepInputs) -> tuple[LoopCarry, Any, Invariant]:
     """One step: the next carry, the scanned outputs (ys and variable groups), the invariant ones."""
     scope = self._scope(carry, x)
-    c, ys = self.fn(scope, carry.carry, *self._args(x.args), **self.kwargs)
+    out = self.fn(scope, carry.carry, *self._args(x.args), **self.kwargs)
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+      got = jax.tree.map(lambda a: jax.typeof(a).str_short(), out)
+      where = jax.tree.leaves(scope, is_leaf=lambda s: isinstance(s, Scope))[0].path_text
+      raise errors.ScanBodyError(_NOT_A_PAIR.format(path=where, got=got))
+    c, ys = out
     broadcast_out, carry_out, *scanned_out = self.repack_fn(scope)
     scanned_ys, invariant_ys = _split_ys(ys, self.config.out_axes)
     return (LoopCarry(carry_out, c), (scanned_ys, tuple(scanned_out)),

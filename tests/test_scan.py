@@ -380,6 +380,12 @@ def test_axis_out_of_range_raises():
     lift.init(lift.scan(layer, out_axes=-4, **LAYERS))(KEY, C0, XS)
 
 
+def test_body_not_returning_a_pair_raises_naming_the_scope():
+  single = lambda scope, c, x: dense(scope, c + x, 3)  # one array, not (carry, ys)
+  with pytest.raises(errors.ScanBodyError, match=r'scan\(/\)": the body returned float32\[2,3\]'):
+    lift.init(lift.scan(single, **SHARED))(KEY, C0, XS)
+
+
 @pytest.mark.parametrize('build, error, match', [
     (lambda: lift.scan(layer, variable_axes={'params': None}), errors.InvalidAxisError,
      'variable_broadcast for collections shared'),
