@@ -44,6 +44,11 @@ _NOT_A_PAIR = (
     'the next carry (the structure, shapes and dtypes of the carry it received) and '
     'the step\'s outputs (None for none). Fix: return `(carry, y)`; to scan a module '
     'whose __call__ returns one value, wrap it in one that returns `(y, None)` or `(y, y)`.')
+_CARRY_CHANGED = (
+    'scan: the body takes the carry {before} and returns the carry {after}. The '
+    'carry keeps one structure, shape and dtype from step to step. Fix: return a '
+    'carry like the one received (cast or reshape it), and put values that grow '
+    'or change shape in ys.')
 _DEPENDS_ON_LOOP = (
     'scan: these values are loop-invariant (a broadcast variable, or an output '
     'with out_axes=lift.broadcast) but depend on the carry, on the scanned '
@@ -275,6 +280,13 @@ def _invariant_first(step: _Step, carry: LoopCarry, x: StepInputs):
   return invariant, carry, scanned
 
 
+def _check_carry_types(init: Any, out: Any):
+  # Shapes and dtypes only: lax.scan itself reconciles weak types.
+  types = lambda tree: jax.tree.map(lambda a: f'{jnp.result_type(a).name}{list(np.shape(a))}', tree)
+  if jax.tree.structure(init) != jax.tree.structure(out) or types(init) != types(out):
+    raise errors.ScanBodyError(_CARRY_CHANGED.format(before=types(init), after=types(out)))
+
+
 class _Plan(NamedTuple):
   """What the pre-pass learned about the loop."""
   carried: tuple[dict, ...]  # carry collections the steps write: the loop's carried state
@@ -292,6 +304,7 @@ def _plan(step: _Step, carry_variables: tuple[dict, ...], init: Any, xs: StepInp
   _check_invariant(jaxpr, invariant)
   leaves, treedef = jax.tree.flatten(invariant)
   invariant = treedef.unflatten(_evaluate_outputs(jaxpr, len(leaves)))
+  _check_carry_types(init, out_carry.carry)
   returned = out_carry.variables
   carried = tuple({c: t for c, t in group.items() if c in out}
                   for group, out in zip(carry_variables, returned))

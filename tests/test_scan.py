@@ -386,6 +386,12 @@ def test_body_not_returning_a_pair_raises_naming_the_scope():
     lift.init(lift.scan(single, **SHARED))(KEY, C0, XS)
 
 
+def test_body_changing_the_carry_type_raises_with_both_types():
+  grows = lambda scope, c, x: (jnp.concatenate([c, dense(scope, x, 3)]), None)
+  with pytest.raises(errors.ScanBodyError, match=r'float32\[2, 3\] and returns the carry float32\[4, 3\]'):
+    lift.init(lift.scan(grows, **SHARED))(KEY, C0, XS)
+
+
 @pytest.mark.parametrize('build, error, match', [
     (lambda: lift.scan(layer, variable_axes={'params': None}), errors.InvalidAxisError,
      'variable_broadcast for collections shared'),
