@@ -33,7 +33,7 @@ from lift.scope import Scope, Variable
 
 from linen_ext import errors
 from linen_ext._state import ModuleState
-from linen_ext.module import Module, map_modules
+from linen_ext.module import Module, fn_name, map_modules
 
 Build = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -69,6 +69,22 @@ def _field_values(module: Module) -> dict[str, Any]:
           if f.init and f.name not in ('parent', 'name')}
 
 
+def _field_variables(value: Any) -> list[Variable]:
+  """The Variables held by a field (directly or in lists, tuples and dicts)."""
+  leaves = jax.tree_util.tree_leaves(value, is_leaf=lambda x: isinstance(x, (Module, Variable)))
+  return [leaf for leaf in leaves if isinstance(leaf, Variable)]
+
+
+def _rebind_variables(value: Any, scopes) -> Any:
+  """``value`` with each Variable bound to the next inner scope, in `_field_variables` order."""
+  if not _field_variables(value):
+    return value
+  return jax.tree_util.tree_map(
+      lambda x: Variable(next(scopes), x.collection, x.name, x.unbox)
+      if isinstance(x, Variable) else x,
+      value, is_leaf=lambda x: isinstance(x, (Module, Variable)))
+
+
 def _collect_module(module: Module, scopes: list[Scope], seen: set[int]):
   if module._id in seen:
     return
@@ -82,6 +98,7 @@ def _collect_module(module: Module, scopes: list[Scope], seen: set[int]):
 
   for value in _field_values(module).values():
     map_modules(visit, value)
+    scopes.extend(variable.scope for variable in _field_variables(value))
   scopes.append(module.scope)
 
 
@@ -114,7 +131,8 @@ def _rebind_module(module: Module, scopes, memo: dict[int, Module], cls: type | 
   def visit(_, sub):
     return _rebind_module(sub, scopes, memo) if sub.scope is not None else sub
 
-  fields = {k: map_modules(visit, v) for k, v in _field_values(module).items()}
+  fields = {k: _rebind_variables(map_modules(visit, v), scopes)
+            for k, v in _field_values(module).items()}
   clone = (cls or type(module))(parent=next(scopes), name=module.name, **fields)
   memo[module._id] = clone
   return clone
@@ -159,7 +177,7 @@ def _run_inner(transform: str, fn, outer: Module, state: ModuleState, cls: type 
   object.__setattr__(clone, '_state', state.export())
   y = fn(clone, *args, **kwargs)
   outer._state.reimport(clone._state)
-  check_return(transform, fn.__name__, y)
+  check_return(transform, fn_name(fn), y)
   return y
 
 
@@ -171,7 +189,7 @@ def call_lifted(transform: str, build: Build, fn: Callable[..., Any], module: Mo
   """
   if module.scope is None:
     raise errors.UnboundModuleError(type(module).__name__,
-                                    f'Calling `nn.{transform}`-transformed "{fn.__name__}"')
+                                    f'Calling `nn.{transform}`-transformed "{fn_name(fn)}"')
   collected = collect_scopes(module, args, kwargs)
   core = scope_function(transform, fn, module, cls)
   return build(core)(collected.scopes, *collected.args, **collected.kwargs)
@@ -198,7 +216,7 @@ def with_signature(core, fn: Callable[..., Any], leading: tuple[str, ...]):
   params = list(inspect.signature(fn).parameters.values())[1:]
   first = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in leading]
   core.__signature__ = inspect.Signature(first + params)
-  core.__name__ = fn.__name__
+  core.__name__ = fn_name(fn)
   return core
 
 
@@ -280,7 +298,7 @@ def cached_lifted(transform: str, build: Build, fn: Callable[..., Any]) -> Calla
   def call(module: Module, args: tuple, kwargs: dict, cls: type | None = None):
     if module.scope is None:
       raise errors.UnboundModuleError(type(module).__name__,
-                                      f'Calling `nn.{transform}`-transformed "{fn.__name__}"')
+                                      f'Calling `nn.{transform}`-transformed "{fn_name(fn)}"')
     collected = collect_scopes(module, args, kwargs)
     return lifted(collected.scopes, ModuleProxy.of(module, cls), *collected.args,
                   **collected.kwargs)

@@ -79,12 +79,30 @@ def nowrap(fun: F) -> F:
   return fun
 
 
+def _unpartial(fun: Callable[..., Any]) -> Callable[..., Any]:
+  while isinstance(fun, functools.partial):
+    fun = fun.func
+  return fun
+
+
+def fn_name(fun: Callable[..., Any]) -> str:
+  """The name of a method or function, also through ``functools.partial``.
+
+  >>> fn_name(functools.partial(fn_name))
+  'fn_name'
+  """
+  return getattr(_unpartial(fun), '__name__', None) or repr(fun)
+
+
 def wrap_method(fun: F) -> F:
   """Wraps ``fun`` once so that calls go through :meth:`Module._call_wrapped_method`.
 
+  A ``functools.partial`` of a wrapped method (``partial(Foo.inner)``) is
+  already wrapped.
+
   >>> call = wrap_method(lambda module, x: module.dense(x))   # runs setup first
   """
-  if getattr(fun, 'method_handler_wrapped', False):
+  if getattr(_unpartial(fun), 'method_handler_wrapped', False):
     return fun
 
   @functools.wraps(fun)
@@ -247,7 +265,7 @@ class Module(VariablesMixin, EntryMixin):
 
   def _call_wrapped_method(self, fun: Callable[..., Any], args, kwargs):
     is_compact = getattr(fun, 'compact', False)
-    is_setup = fun.__name__ == 'setup'
+    is_setup = fn_name(fun) == 'setup'
     state, recurrent = self._state, False
     if is_setup:
       if self.scope is None:
@@ -258,12 +276,12 @@ class Module(VariablesMixin, EntryMixin):
     if is_compact:
       if self.scope is None:
         raise errors.UnboundModuleError(type(self).__name__,
-                                        f'Calling @compact method "{fun.__name__}"')
+                                        f'Calling @compact method "{fn_name(fun)}"')
       recurrent, state.in_compact_method = state.in_compact_method, True
     context.module_stack.append(self)
     try:
       y = fun(self, *args, **kwargs)
-      self._capture(fun.__name__, y)
+      self._capture(fn_name(fun), y)
       return y
     finally:
       context.module_stack.pop()

@@ -27,7 +27,7 @@ from lift.vmap import vmap as lift_vmap
 from linen_ext import errors
 from linen_ext.lifting import (Build, cached_lifted, call_lifted, forked_rngs,
                                is_module_class, mark_wrapped, positional_parameters)
-from linen_ext.module import Module, wrap_method
+from linen_ext.module import Module, fn_name, wrap_method
 
 Target = TypeVar('Target')
 
@@ -66,7 +66,7 @@ def _method(spec: TransformSpec, fn: Callable[..., Any], options: dict,
   elif spec.fork_rngs:
 
     def method(self, *args, **kwargs):
-      with forked_rngs(self._bound_scope(f'Calling `nn.{spec.name}`-transformed "{fn.__name__}"')):
+      with forked_rngs(self._bound_scope(f'Calling `nn.{spec.name}`-transformed "{fn_name(fn)}"')):
         return call_lifted(spec.name, build, fn, self, args, kwargs, cls)
   else:
 
@@ -154,11 +154,11 @@ def _check_argnums(transform: str, fn: Callable[..., Any], argument: str, nums: 
   names, has_varargs = positional_parameters(fn)
   for i in nums:
     if not isinstance(i, int) or isinstance(i, bool) or i < 0:
-      raise errors.StaticArgnumsError(transform, fn.__name__,
+      raise errors.StaticArgnumsError(transform, fn_name(fn),
                                       f'`{argument}` holds {i!r}, not a non-negative int.')
     if i >= len(names) and not has_varargs:
       raise errors.StaticArgnumsError(
-          transform, fn.__name__,
+          transform, fn_name(fn),
           f'`{argument}={nums}` names position {i}, but it only has positional '
           f'parameters {names}.')
 

@@ -512,3 +512,60 @@ def test_jit_of_a_module_with_an_unhashable_field():
 
   with pytest.raises(errors.UnhashableModuleError, match='`Scaled` is not hashable'):
     Model().init(KEY, X)
+
+
+@pytest.mark.parametrize('transform', ['jit', 'remat'])
+def test_variable_held_in_a_field_is_lifted_through_nested_transforms(transform):
+  """As Flax's nested variable passing: a Variable given to a submodule's field, two levels down."""
+  def make(nn, wrap):
+    class Adder(nn.Module):
+      var: nn.Variable
+
+      @wrap
+      @nn.compact
+      def __call__(self, x):
+        self.var.value += x
+        return x
+
+    class User(nn.Module):
+      vars: tuple
+
+      @wrap
+      @nn.compact
+      def __call__(self, x):
+        return Adder(self.vars[0])(x)
+
+    class Owner(nn.Module):
+      @wrap
+      @nn.compact
+      def __call__(self, x):
+        total = self.variable('state', 'total', jnp.zeros, x.shape)
+        return User((total,))(x)
+    return Owner()
+
+  x = jnp.arange(2.0)
+  theirs = make(flax_nn, getattr(flax_nn, transform))
+  ours = make(nn, getattr(nn, transform))
+  variables = ours.init(jax.random.key(0), x)
+  assert_same(variables, theirs.init(jax.random.key(0), x))
+  _, state = ours.apply(variables, x, mutable=['state'])
+  np.testing.assert_allclose(state['state']['total'], 2 * x)
+  assert_same(state, theirs.apply(variables, x, mutable=['state'])[1])
+
+
+def test_functools_partial_of_a_compact_method_is_transformed_as_flax():
+  def make(nn):
+    class Foo(nn.Module):
+      @nn.compact
+      def inner(self, x):
+        return nn.Dense(2, use_bias=False)(x)
+
+      def __call__(self, x):
+        return nn.vmap(functools.partial(Foo.inner), variable_axes={'params': 0},
+                       split_rngs={'params': True})(self, x)
+    return Foo()
+
+  x = jnp.ones((3, 4, 4))
+  variables = make(nn).init(jax.random.key(0), x)
+  assert_same(variables, make(flax_nn).init(jax.random.key(0), x))
+  assert_same(make(nn).apply(variables, x), make(flax_nn).apply(variables, x))
