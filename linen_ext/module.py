@@ -128,12 +128,23 @@ def map_modules(fn: Callable[[str, Any], Any], tree: Any, suffix: str = '') -> A
   if isinstance(tree, Module):
     return fn(suffix, tree)
   if isinstance(tree, Mapping):
-    mapped = {k: map_modules(fn, v, f'{suffix}_{k}') for k, v in tree.items()}
+    # In sorted key order, as Flax walks attributes (a pytree map): a module held
+    # under two keys is named after the first.
+    items = sorted(tree.items(), key=lambda kv: kv[0]) if _sortable(tree) else tree.items()
+    mapped = {k: map_modules(fn, v, f'{suffix}_{k}') for k, v in items}
     return FrozenDict(mapped) if isinstance(tree, (dict, FrozenDict)) else type(tree)(mapped)
   if isinstance(tree, (list, tuple)):
     items = [map_modules(fn, v, f'{suffix}_{i}') for i, v in enumerate(tree)]
     return type(tree)(*items) if hasattr(tree, '_fields') else tuple(items)
   return tree
+
+
+def _sortable(tree: Mapping) -> bool:
+  try:
+    sorted(tree)
+  except TypeError:
+    return False
+  return True
 
 
 def _module_fields(module) -> list[dataclasses.Field]:

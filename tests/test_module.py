@@ -112,6 +112,27 @@ def test_outside_modules_are_adopted_under_the_field_name_and_stay_shared():
   assert set(variables['params']) == {'left'}
 
 
+def test_module_shared_in_a_dict_field_is_named_after_the_first_sorted_key():
+  """Flax walks a field's dicts in sorted key order: {'foo': a, 'bar': a} adopts a as A_bar."""
+  def make(nn):
+    class A(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return nn.Dense(2)(x)
+
+    class B(nn.Module):
+      layers: dict
+
+      def __call__(self, x):
+        return sum(layer(x) for layer in self.layers.values())
+
+    a = A()
+    return lambda: B({'foo': a, 'bar': a, 'zed': A()})
+
+  variables = check_parity(make, X)
+  assert set(variables['params']) == {'layers_bar', 'layers_zed'}
+
+
 def test_module_created_in_parent_and_passed_to_child_lives_at_the_parent():
   def make(nn):
     class Child(nn.Module):
