@@ -94,6 +94,9 @@ class Scope:
     self._invalid = False
     self._debug_name: str | None = None  # the lifted transform that made this root
     self._unlifted: Filter = False  # collections mutable outside it that it does not return
+    # Storage for code built on scopes (linen_ext keeps the modules a root adopted
+    # here); it lives and dies with the root, even when its values refer back to it.
+    self.client_cache: dict[str, Any] = {}
 
   # -- identity and validity ------------------------------------------------
 

@@ -22,7 +22,6 @@ import dataclasses
 import functools
 import itertools
 import typing
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -39,9 +38,6 @@ F = TypeVar('F', bound=Callable[..., Any])
 M = TypeVar('M', bound='Module')
 
 _ids = itertools.count()
-# Outside modules adopted under one root keep their sharing: the same instance
-# passed twice becomes one clone (keyed by the root scope, then the instance id).
-_adoption_caches: 'weakref.WeakKeyDictionary[Scope, dict[int, Module]]' = weakref.WeakKeyDictionary()
 
 
 class _Unspecified:
@@ -224,7 +220,9 @@ class Module(VariablesMixin, EntryMixin):
 
   def _register_submodules(self, name: str, value: Any):
     """Adopts the modules in attribute ``name`` and stores it (lists become tuples)."""
-    cache = _adoption_caches.setdefault(self.scope.root, {})
+    # Outside modules adopted under one root keep their sharing: the same instance
+    # passed twice becomes one clone (by instance id), kept on the root scope.
+    cache = self.scope.root.client_cache.setdefault('adopted_modules', {})
     queue = []
 
     def adopt(suffix, module):

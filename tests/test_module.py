@@ -518,3 +518,20 @@ def test_module_attributes_are_frozen_like_flax():
   assert table == FrozenDict({'a': (1, FrozenDict({'b': 2}))})
   assert type(proxy) is types.MappingProxyType  # not a dict: kept as is, as in Flax
   assert type(Model({'z': [1]}).config) is dict  # unbound: untouched, as in Flax
+
+
+def test_adopting_an_outside_module_keeps_no_variables_alive_after_the_call():
+  import gc
+  class Outer(nn.Module):
+    sub: nn.Module
+
+    def __call__(self, x):
+      return self.sub(x)
+
+  model = Outer(nn.Dense(37))
+  for _ in range(3):
+    model.init(KEY, jnp.ones((1, 41)))
+  gc.collect()
+  assert not [o for o in gc.get_objects() if isinstance(o, jax.Array) and o.shape == (41, 37)]
+  with jax.checking_leaks():  # no tracer outlives a jitted init either
+    jax.jit(lambda x: model.init(KEY, x))(jnp.ones((1, 41)))
