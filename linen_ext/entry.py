@@ -35,12 +35,22 @@ def capture_call_intermediates(module: Any, method_name: str) -> bool:
   return method_name == '__call__'
 
 
+def _class_attribute(cls: type, name: str) -> Any:
+  """``name`` from the class or its bases (not from the metaclass: ``type.__call__``)."""
+  for klass in cls.__mro__:
+    if name in vars(klass):
+      return getattr(cls, name)
+  return None
+
+
 def _unbound_method(module: Any, method: Any) -> Callable[..., Any]:
   """``method`` as a function taking the module first (from a name, bound method or function)."""
   if method is None:
     method = '__call__'
   if isinstance(method, str):
-    name, method = method, getattr(type(module), method, None)
+    name, method = method, _class_attribute(type(module), method)
+    if method is None and isinstance(getattr(module, name, None), EntryMixin):
+      return lambda m, *args, **kwargs: getattr(m, name)(*args, **kwargs)  # a submodule field
     if method is None or not callable(method):
       raise errors.InvalidMethodError(name)
   if inspect.ismethod(method) and isinstance(method.__self__, EntryMixin):

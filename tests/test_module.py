@@ -535,3 +535,31 @@ def test_adopting_an_outside_module_keeps_no_variables_alive_after_the_call():
   assert not [o for o in gc.get_objects() if isinstance(o, jax.Array) and o.shape == (41, 37)]
   with jax.checking_leaks():  # no tracer outlives a jitted init either
     jax.jit(lambda x: model.init(KEY, x))(jnp.ones((1, 41)))
+
+
+def test_apply_method_names_a_submodule_field_as_flax():
+  def make(nn):
+    class Foo(nn.Module):
+      bar: nn.Module
+
+      @nn.compact
+      def __call__(self, x):
+        return self.bar(x) * 2
+    return Foo(nn.Dense(3))
+
+  variables = make(nn).init(KEY, X)
+  assert_same_tree(variables, make(flax_nn).init(KEY, X))
+  assert_same_tree(make(nn).apply(variables, X, method='bar'),
+                   make(flax_nn).apply(variables, X, method='bar'))
+
+
+def test_module_without_call_is_an_error_in_apply_and_init():
+  from linen_ext import errors
+
+  class NoCall(nn.Module):
+    a: int = 0
+
+  with pytest.raises(errors.InvalidMethodError, match='__call__'):
+    NoCall(1).apply({})
+  with pytest.raises(errors.InvalidMethodError, match='__call__'):
+    NoCall(1).init(KEY)
