@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from lift import errors
-from lift._counters import CountSnapshot, count_at
+from lift._counters import count_at
 from lift.rng import Foldable, RngStream
 
 _REPLAY_MISMATCH = (
@@ -92,7 +92,6 @@ class Tape:
   def __init__(self, fn_name: str, hashes: Any, expected: Sequence[Draw] | None):
     self.fn_name, self.hashes, self.expected = fn_name, hashes, expected
     self.draws: list[Draw] = []
-    self.increments: tuple[CountSnapshot, ...] = ()  # set by the traced call
 
   def hash_of(self, draw: Draw) -> Any:
     index = len(self.draws)
