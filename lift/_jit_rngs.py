@@ -42,8 +42,7 @@ class ConcreteKeysNeeded(Exception):
 
 def require_concrete(streams: Any) -> None:
   """Raises `ConcreteKeysNeeded` if any stream in ``streams`` is a tape stream."""
-  leaves = jax.tree.leaves(streams, is_leaf=lambda x: isinstance(x, RngStream))
-  if any(isinstance(s, TapeStream) for s in leaves):
+  if has_tape_streams(streams):
     raise ConcreteKeysNeeded()
 
 
@@ -150,10 +149,10 @@ def tape_streams(raw_keys: Sequence[dict[str, Any]], tape: Tape) -> tuple[Any, .
                  for name, key in keys.items()} for r, keys in enumerate(raw_keys)),)
 
 
-def has_tape_streams(rng_groups: Any) -> bool:
-  """Whether these groups come from inside a `lift.jit` trace."""
-  return any(isinstance(s, TapeStream)
-             for group in rng_groups for streams in group for s in streams.values())
+def has_tape_streams(streams: Any) -> bool:
+  """Whether any stream in ``streams`` (a pytree, e.g. rng groups) is from a `lift.jit` trace."""
+  leaves = jax.tree.leaves(streams, is_leaf=lambda x: isinstance(x, RngStream))
+  return any(isinstance(s, TapeStream) for s in leaves)
 
 
 __all__ = ['ConcreteKeysNeeded', 'Draw', 'Tape', 'TapeStream', 'draw_hashes', 'has_tape_streams',

@@ -38,7 +38,7 @@ import flax.core
 import flax.linen as flax_nn
 
 from lift._counters import total
-from lift._jit_rngs import TapeStream, require_concrete
+from lift._jit_rngs import has_tape_streams, require_concrete
 from lift.filters import DenyList, Filter, union_filters
 from lift.rng import RngCounters
 from lift.scope import Scope, copy_structure
@@ -217,7 +217,7 @@ def _native_rngs(scope: Scope, path: tuple[str, ...]) -> bool:
   Inside ``lift.jit``'s first trace (tape streams) the answer is yes if flax
   draws nothing; if it draws, `run_flax` asks ``lift.jit`` for concrete suffixes.
   """
-  if any(isinstance(s, TapeStream) for s in scope.rngs.values()):
+  if has_tape_streams(scope.rngs):
     return True
   return bool(scope.rngs) and all(s.suffix == path for s in scope.rngs.values())
 
@@ -263,7 +263,7 @@ def run_flax(scope: Scope, target: flax_nn.Module, method: str, args: tuple,
   existing = _read(scope, members)
   call = FlaxCall(target, method, args, kwargs, existing if initializing else {},
                   counters if native else None)
-  if not any(isinstance(s, TapeStream) for s in scope.rngs.values()):
+  if not has_tape_streams(scope.rngs):
     return _run_root(scope, members, base, call, existing, rngs, initializing)
   before = total(counters)
   y = _run_root(scope, members, base, call, existing, rngs, initializing)
