@@ -66,7 +66,7 @@ def _put_existing(flax_scope: Any, existing: dict) -> None:
 
 
 def _root_method(module: flax_nn.Module, call: FlaxCall) -> Any:
-  """Runs ``call`` on ``module``, flax's root (passed as ``method=`` to flax's ``init``/``apply``)."""
+  """Runs ``call`` on ``module``, flax's root (the ``method=`` of flax's ``init``/``apply``)."""
   _put_existing(module.scope, call.existing)
   method = getattr(module, call.method)
   return _run_counted(module.scope, call, lambda: method(*call.args, **call.kwargs))
