@@ -190,13 +190,12 @@ class NonScalarOutputError(ModuleError, TypeError):
 class UnhashableModuleError(ModuleError, TypeError):
   """`nn.jit` on a module whose fields cannot be hashed."""
 
-  def __init__(self, cls_name: str, error: Exception):
+  def __init__(self, path: str, error: Exception):
     super().__init__(
         f'`nn.jit` caches compilations by the configuration of the module, but '
-        f'a field of `{cls_name}` is not hashable ({error}). Fix: use hashable '
-        'field values (tuples instead of lists, a frozen dataclass or '
-        'FrozenDict instead of a dict, no arrays: pass arrays as call '
-        'arguments or create them as variables).')
+        f'the field `{path}` is not hashable ({error}). Fix: give it a hashable '
+        'value, a container or dataclass of such, or a numpy array; pass jax '
+        'arrays as call arguments or create them as variables.')
 
 
 class LayerStackError(ModuleError, ValueError):

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 
 from lift.rng import RngStream
 from lift.scope import Scope, Variable
@@ -238,20 +239,39 @@ def forked_rngs(scope: Scope) -> Iterator[None]:
 # -- jit: the scope function is built once; the module is a static argument ---------------
 
 
-def _fingerprint(value: Any, seen: dict[int, int]) -> Any:
+def _fingerprint(value: Any, seen: dict[int, int], path: str) -> Any:
+  """A hashable stand-in for ``value`` (a field at ``path``) equal for equal configurations.
+
+  Modules by class, fields and setup state (a module met twice by its first
+  index); dataclasses by fields; containers item by item; numpy arrays by
+  value; anything else must be hashable itself.
+  """
   if isinstance(value, Module):
     if value._id in seen:
       return type(value), seen[value._id]
     seen[value._id] = len(seen)
-    fields = tuple((k, _fingerprint(v, seen)) for k, v in _field_values(value).items())
+    fields = tuple((k, _fingerprint(v, seen, f'{path}.{k}'))
+                   for k, v in _field_values(value).items())
     state = value._state
     return type(value), fields, (state.in_setup, state.in_compact_method,
                                  int(bool(state.setup_called)),
                                  tuple(sorted(state.autoname_cursor.items())))
+  if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    return type(value), tuple((f.name, _fingerprint(getattr(value, f.name), seen,
+                                                    f'{path}.{f.name}'))
+                              for f in dataclasses.fields(value) if hasattr(value, f.name))
   if isinstance(value, Mapping):  # dict and FrozenDict (setup freezes dicts, as Flax)
-    return tuple((k, _fingerprint(v, seen)) for k, v in value.items())
+    return tuple((k, _fingerprint(v, seen, f'{path}[{k!r}]')) for k, v in value.items())
   if isinstance(value, (list, tuple)):
-    return type(value), tuple(_fingerprint(v, seen) for v in value)
+    return type(value), tuple(_fingerprint(v, seen, f'{path}[{i}]') for i, v in enumerate(value))
+  if isinstance(value, (set, frozenset)):
+    return type(value), frozenset(_fingerprint(v, seen, f'{path}{{}}') for v in value)
+  if isinstance(value, np.ndarray):
+    return np.ndarray, value.dtype.str, value.shape, value.tobytes()
+  try:
+    hash(value)
+  except TypeError as error:
+    raise errors.UnhashableModuleError(path, error) from None
   return value
 
 
@@ -269,11 +289,7 @@ class ModuleProxy:
 
   @classmethod
   def of(cls, module: Module, module_cls: type | None) -> 'ModuleProxy':
-    fingerprint = (module_cls, _fingerprint(module, {}))
-    try:
-      hash(fingerprint)
-    except TypeError as error:
-      raise errors.UnhashableModuleError(type(module).__name__, error) from None
+    fingerprint = (module_cls, _fingerprint(module, {}, type(module).__name__))
     return cls(module, module_cls, module._state.export(), fingerprint)
 
 

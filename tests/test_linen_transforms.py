@@ -3,7 +3,9 @@
 Oracles: flax.linen on the same model source (variable trees and values), and
 the class form against the decorator form of the same transform.
 """
+import dataclasses
 import functools
+from typing import Any
 
 import flax.linen as flax_nn
 import jax
@@ -510,8 +512,51 @@ def test_jit_of_a_module_with_an_unhashable_field():
     def __call__(self, x):
       return Scaled(jnp.ones(4))(x)
 
-  with pytest.raises(errors.UnhashableModuleError, match='`Scaled` is not hashable'):
+  with pytest.raises(errors.UnhashableModuleError, match='field `Scaled.scale` is not hashable'):
     Model().init(KEY, X)
+
+
+@dataclasses.dataclass  # eq without frozen: not hashable
+class _Config:
+  scale: float
+  offsets: list
+
+
+@pytest.mark.parametrize('field, doubled', [
+    (np.array([1.0, 2.0, 3.0, 4.0], np.float32), np.array([2.0, 4.0, 6.0, 8.0], np.float32)),
+    (_Config(2.0, [1.0]), _Config(4.0, [2.0])),
+    ({3.0, 1.0}, {6.0, 2.0}),
+    ([np.ones(4, np.float32), {'a': [2.0]}], [np.full(4, 2.0, np.float32), {'a': [4.0]}]),
+], ids=['numpy', 'dataclass', 'set', 'nested'])
+def test_jit_fingerprints_unhashable_fields_by_value_as_flax(field, doubled):
+  """Flax fingerprints fields item by item; a changed value compiles again."""
+  def total(value):
+    leaves = jax.tree.leaves(dataclasses.asdict(value) if isinstance(value, _Config) else
+                             sorted(value) if isinstance(value, set) else value)
+    return sum(float(np.sum(leaf)) for leaf in leaves)
+
+  def make(nn):
+    class Scaled(nn.Module):
+      field: Any
+
+      @nn.jit
+      @nn.compact
+      def __call__(self, x):
+        return x * self.param('w', nn.initializers.ones, x.shape[-1:])[None] * total(self.field)
+
+    class Model(nn.Module):
+      field: Any
+
+      @nn.compact
+      def __call__(self, x):
+        return Scaled(self.field)(x)
+    return Model
+
+  variables = make(nn)(field).init(KEY, X)
+  assert_same(variables, make(flax_nn)(field).init(KEY, X))
+  assert_same(make(nn)(field).apply(variables, X), make(flax_nn)(field).apply(variables, X))
+  np.testing.assert_allclose(make(nn)(doubled).apply(variables, X),
+                             2 * make(nn)(field).apply(variables, X), rtol=1e-6)
 
 
 @pytest.mark.parametrize('transform', ['jit', 'remat'])
