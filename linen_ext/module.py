@@ -395,6 +395,19 @@ def _make_dataclass(cls: type) -> None:
   cls.parent = dataclasses.field(default=UNSPECIFIED, kw_only=True, repr=False, compare=False)
   cls.name = dataclasses.field(default=None, kw_only=True)
   dataclasses.dataclass(cls, unsafe_hash='__hash__' not in cls.__dict__, repr=True)
+  if cls.__hash__ is not None:
+    cls.__hash__ = _unbound_only_hash(cls.__hash__)
+
+
+def _unbound_only_hash(hash_fn: Callable[[Any], int]) -> Callable[[Any], int]:
+  """``__hash__`` for configurations only: a bound module holds variables, as in Flax."""
+  @functools.wraps(hash_fn)
+  def __hash__(self) -> int:
+    if self.__dict__.get('scope') is not None:
+      raise TypeError(f"can't hash the bound module {type(self).__name__} (it holds "
+                      'variables); hash an unbound one, e.g. module.clone(parent=None).')
+    return hash_fn(self)
+  return __hash__
 
 
 # Methods a subclass may define that are never wrapped: the dataclass-generated ones

@@ -563,3 +563,20 @@ def test_module_without_call_is_an_error_in_apply_and_init():
     NoCall(1).apply({})
   with pytest.raises(errors.InvalidMethodError, match='__call__'):
     NoCall(1).init(KEY)
+
+
+@pytest.mark.parametrize('lib', [nn, flax_nn], ids=['linen_ext', 'flax'])
+def test_unbound_modules_hash_by_configuration_and_bound_ones_refuse(lib):
+  class Scaled(lib.Module):
+    scale: float
+
+    @lib.compact
+    def __call__(self, x):
+      return x * self.scale
+
+  assert hash(Scaled(2.0)) == hash(Scaled(2.0))
+  assert len({Scaled(2.0), Scaled(2.0), Scaled(3.0)}) == 2
+  bound = Scaled(2.0).bind({})
+  with pytest.raises(TypeError, match='hash'):
+    hash(bound)
+  assert hash(bound.clone(parent=None)) == hash(Scaled(2.0))
