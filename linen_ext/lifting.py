@@ -121,7 +121,8 @@ def collect_scopes(module: Module, args: tuple, kwargs: dict) -> Collected:
     return x
 
   args, kwargs = jax.tree_util.tree_map(placeholder, (args, kwargs))
-  _collect_module(module, scopes, seen)
+  if module.scope is not None:  # an unbound module (jit only) has no variables to lift
+    _collect_module(module, scopes, seen)
   return Collected(scopes, args, kwargs)
 
 
@@ -159,6 +160,8 @@ def rebind(module: Module, args: tuple, kwargs: dict, scopes: list[Scope],
     return x
 
   args, kwargs = jax.tree_util.tree_map(restore, (args, kwargs), is_leaf=_is_placeholder)
+  if module.scope is None:
+    return (cls or type(module))(**_field_values(module), name=module.name), args, kwargs
   return _rebind_module(module, remaining, memo, cls), args, kwargs
 
 
@@ -312,9 +315,7 @@ def cached_lifted(transform: str, build: Build, fn: Callable[..., Any]) -> Calla
   lifted = build(core)
 
   def call(module: Module, args: tuple, kwargs: dict, cls: type | None = None):
-    if module.scope is None:
-      raise errors.UnboundModuleError(type(module).__name__,
-                                      f'Calling `nn.{transform}`-transformed "{fn_name(fn)}"')
+    # An unbound module runs unbound inside (e.g. a jitted ``init_with_output``), as in Flax.
     collected = collect_scopes(module, args, kwargs)
     return lifted(collected.scopes, ModuleProxy.of(module, cls), *collected.args,
                   **collected.kwargs)

@@ -214,6 +214,40 @@ def test_jit_static_argnums_count_self_and_static_argnames_work():
   assert {t for t in traces} == {(2.0, 2), (3.0, 2)}
 
 
+
+def test_jit_on_methods_of_an_unbound_module_as_flax():
+  """Flax lets nn.jit wrap a method called on an unbound module (e.g. init_with_output)."""
+  traces = []
+
+  def make(nn):
+    class Agent(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return nn.Dense(3)(x)
+
+      @nn.jit
+      def init_with_output(self, rngs, *args, **kwargs):
+        traces.append(nn.__name__)
+        return super().init_with_output(rngs, *args, **kwargs)
+
+      @functools.partial(nn.jit, static_argnums=(2,))
+      def loss(self, variables, scale, x):
+        assert isinstance(scale, float)  # static: self is argument 0
+        return jnp.sum(self.apply(variables, x) ** 2) * scale
+    return Agent
+
+  Agent = make(nn)
+  y, variables = Agent().init_with_output(KEY, X)
+  assert_same((y, variables), make(flax_nn)().init_with_output(KEY, X))
+  assert_same(Agent().init_with_output(KEY, X), (y, variables))  # same configuration
+  assert traces == ['linen_ext', 'flax.linen']  # traced once each
+  agent = Agent()
+  expected = jnp.sum((X @ variables['params']['Dense_0']['kernel']
+                      + variables['params']['Dense_0']['bias'][None]) ** 2) * 2.0
+  np.testing.assert_allclose(agent.loss(variables, 2.0, X), expected, rtol=1e-5)
+  grads = jax.grad(agent.loss)(variables, 2.0, X)
+  assert jax.tree.structure(grads) == jax.tree.structure(variables)
+
 def test_checkpoint_static_argnums_count_self():
   class Block(nn.Module):
     @functools.partial(nn.checkpoint, static_argnums=(2,))
@@ -305,7 +339,10 @@ def test_bad_methods_argument():
 
 
 def test_calling_a_transformed_method_outside_apply():
-  with pytest.raises(errors.UnboundModuleError, match='nn.jit'):
+  with pytest.raises(errors.UnboundModuleError, match='nn.vmap'):
+    nn.vmap(nn.Dense, variable_axes={'params': 0}, split_rngs={'params': True})(2)(X)
+  # jit runs an unbound module's method unbound (as Flax): the layer itself then refuses.
+  with pytest.raises(errors.UnboundModuleError, match='unbound `Dense`'):
     nn.jit(nn.Dense)(2)(X)
 
 
