@@ -435,7 +435,10 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
     data_transform: ``(variable_groups, rng_groups) -> (variable_groups,
       rng_groups)`` applied inside each step before the scope is rebuilt.
     metadata_params: passed to the ``AxisMetadata`` boxes of scanned collections.
-    check_constancy_invariants: Flax's; ignored, the invariance check always runs.
+    check_constancy_invariants: as Flax's, False stands for one trace of the
+      step instead of two: every stream draws in the loop what the first
+      trace draws (Flax's keys with that setting). The invariance check runs
+      either way, so broadcast writes and outputs keep working.
     remat: checkpoint policy of each step: anything
       ``lift.loops.resolve_remat`` accepts (False, True, 'nested', ...).
     _draw_once: a filter of rng streams that draw in the loop what the
@@ -459,7 +462,8 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
       axes, splits, check_axis_leaves('scan', 'in_axes', in_axes, _is_unmapped, 'lift.broadcast'),
       check_axis_leaves('scan', 'out_axes', out_axes, _is_unmapped, 'lift.broadcast'),
       check_size('scan', 'length', length), reverse, unroll, data_transform,
-      dict(metadata_params), remat, _split_transpose, _draw_once)
+      dict(metadata_params), remat, _split_transpose,
+      _draw_once if check_constancy_invariants else True)
   return build_scan(fn, variable_broadcast, variable_carry, split_rngs, config)
 
 

@@ -107,6 +107,24 @@ def scanned_layers(nn):
   return Stack(), (jnp.linspace(-1, 1, 8).reshape(2, 4),), {}
 
 
+
+def scan_traced_once(nn):
+  """check_constancy_invariants=False: Flax traces the step once, so other keys are drawn."""
+  class Cell(nn.Module):
+    @nn.compact
+    def __call__(self, c, x):
+      h = nn.Dense(4)(c) + nn.Dense(4, name='inp')(x)
+      return nn.Dropout(0.5, deterministic=False)(h), h
+
+  class Rnn(nn.Module):
+    @nn.compact
+    def __call__(self, c, xs):
+      cells = nn.scan(Cell, variable_axes={'params': 0}, split_rngs={'params': True,
+                      'dropout': True}, check_constancy_invariants=False)
+      c, ys = cells(name='cells')(nn.Dropout(0.3, deterministic=False)(c), xs)
+      return nn.Dropout(0.3, deterministic=False)(c), ys
+  return Rnn(), (jnp.ones((2, 4)), jnp.linspace(-1, 1, 24).reshape(3, 2, 4)), {}
+
 def remat_block(nn):
   class Block(nn.Module):
     @nn.compact
@@ -201,10 +219,10 @@ def nested_transforms(nn):
 
 
 MODELS = [mlp, cnn, lstm, transformer_block, batchnorm_dropout, ensemble, scanned_layers,
-          remat_block, jitted_block, tied_autoencoder, setup_submodules, gru_unrolled,
+          scan_traced_once, remat_block, jitted_block, tied_autoencoder, setup_submodules, gru_unrolled,
           nested_transforms]
 SAME_INIT_VALUES = {mlp, cnn, lstm, transformer_block, batchnorm_dropout, ensemble,
-                    scanned_layers, remat_block, tied_autoencoder, setup_submodules,
+                    scanned_layers, scan_traced_once, remat_block, tied_autoencoder, setup_submodules,
                     gru_unrolled}
 
 
