@@ -7,7 +7,9 @@ on the same parameters converted between layouts. Each jitted
 `value_and_grad(loss)` is compiled and checked against the hand-written one
 (loss and gradients), then the variants take turns: every round times one
 step of each, in a rotating order, so that load from other processes hits
-them alike. Prints the median step time and its ratio to `lax.scan`.
+them alike. Prints the median step time, its ratio to `lax.scan`, and the
+kernel time and minor page faults of a step (XLA:CPU allocates a step's
+temporary buffers afresh each time, so every temporary byte is faulted in).
 
     python examples/benchmarks/step_time.py                     # depth 16, 7 rounds
     python examples/benchmarks/step_time.py --depths 16 64 --rounds 5
@@ -15,8 +17,10 @@ them alike. Prints the median step time and its ratio to `lax.scan`.
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import time
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -54,18 +58,26 @@ def compiled_steps(depth: int, names: list[str], cfg: Config):
   return steps, x
 
 
-def time_rounds(steps: dict, x, rounds: int) -> dict[str, list[float]]:
+class StepCost(NamedTuple):
+  seconds: float  # wall clock
+  system: float  # kernel CPU time of the process (page faults, mostly)
+  page_faults: int  # minor page faults: fresh memory touched for the first time
+
+
+def time_rounds(steps: dict, x, rounds: int) -> dict[str, list[StepCost]]:
   names = list(steps)
-  seconds: dict[str, list[float]] = {name: [] for name in names}
+  costs: dict[str, list[StepCost]] = {name: [] for name in names}
   for name in names:  # one untimed run each
     jax.block_until_ready(steps[name][0](steps[name][1], x))
   for r in range(rounds):
     for name in names[r % len(names):] + names[:r % len(names)]:
       step, params = steps[name]
-      start = time.perf_counter()
+      before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
       jax.block_until_ready(step(params, x))
-      seconds[name].append(time.perf_counter() - start)
-  return seconds
+      seconds, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+      costs[name].append(StepCost(seconds, after.ru_stime - before.ru_stime,
+                                  after.ru_minflt - before.ru_minflt))
+  return costs
 
 
 def main() -> None:
@@ -82,13 +94,17 @@ def main() -> None:
   for depth in args.depths:
     print(f"depth {depth}: compiling and checking")
     steps, x = compiled_steps(depth, names, cfg)
-    seconds = time_rounds({n: steps[n] for n in names if n in steps}, x, args.rounds)
-    reference = statistics.median(seconds["lax.scan"]) if "lax.scan" in seconds else None
-    print(f"{'variant':<16} {'depth':>5} {'median s':>9} {'min s':>7} {'/ lax.scan':>10}")
-    for name, times in seconds.items():
-      med = statistics.median(times)
-      ratio = f"{med / reference:>10.3f}" if reference else ""
-      print(f"{name:<16} {depth:>5} {med:>9.3f} {min(times):>7.3f} {ratio}", flush=True)
+    costs = time_rounds({n: steps[n] for n in names if n in steps}, x, args.rounds)
+    median = lambda name, field: statistics.median(getattr(c, field) for c in costs[name])
+    reference = median("lax.scan", "seconds") if "lax.scan" in costs else None
+    print(f"{'variant':<16} {'depth':>5} {'median s':>9} {'min s':>7} {'/ lax.scan':>10} "
+          f"{'system s':>9} {'faults':>8}")
+    for name in costs:
+      med = median(name, "seconds")
+      ratio = f"{med / reference:>10.3f}" if reference else " " * 10
+      print(f"{name:<16} {depth:>5} {med:>9.3f} {min(c.seconds for c in costs[name]):>7.3f} "
+            f"{ratio} {median(name, 'system'):>9.3f} {median(name, 'page_faults'):>8.0f}",
+            flush=True)
 
 
 if __name__ == "__main__":
