@@ -37,13 +37,18 @@ class ConcreteKeysNeeded(Exception):
   Flax's scopes (and `scan_layers`' per-layer hashes) derive keys from a
   stream's suffix and counts in Python, which the tape does not know. `lift.jit`
   catches it and compiles that structure for the concrete suffixes and counts.
+  ``where`` is the path of the code that drew, for error messages.
   """
 
+  def __init__(self, where: str = ''):
+    super().__init__(where)
+    self.where = where
 
-def require_concrete(streams: Any) -> None:
-  """Raises `ConcreteKeysNeeded` if any stream in ``streams`` is a tape stream."""
+
+def require_concrete(streams: Any, where: str = '') -> None:
+  """Raises `ConcreteKeysNeeded` (drawn at ``where``) if any stream in ``streams`` is a tape stream."""
   if has_tape_streams(streams):
-    raise ConcreteKeysNeeded()
+    raise ConcreteKeysNeeded(where)
 
 
 class _OuterSuffix:

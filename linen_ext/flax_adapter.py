@@ -268,7 +268,7 @@ def run_flax(scope: Scope, target: flax_nn.Module, method: str, args: tuple,
   before = total(counters)
   y = _run_root(scope, members, base, call, existing, rngs, initializing)
   if total(counters) != before:  # flax drew keys; from tape streams they are not flax's
-    require_concrete(scope.rngs)
+    require_concrete(scope.rngs, scope.path_text)
   return y
 
 

@@ -16,6 +16,10 @@ layers' scopes:
    and its hashes, and returns what the layer created or updated;
 4. each layer's slice of those outputs is committed to its own scope.
 
+A wrapped flax layer that draws rng keys in the loop is a `LayerStackError`:
+flax derives its keys from each layer's own path in Python, which the loop
+cannot follow (native layers such as `nn.Dropout` draw as in the Python loop).
+
 A module that every layer holds as a field but that lives outside the layers
 (``Layer(self.shared)`` in the parent's ``setup``) is lifted too: each step
 reads its variables whole, and its gradient sums every layer's. It is
@@ -40,7 +44,8 @@ import numpy as np
 from lift import errors as lift_errors
 from lift import loops
 from lift._counters import advance, zeroed
-from lift._jit_rngs import Tape, draw_hashes, require_concrete, tape_streams
+from lift._jit_rngs import (ConcreteKeysNeeded, Tape, draw_hashes, require_concrete,
+                             tape_streams)
 from lift.loops.stacking import stack_rows, unstack_rows
 from lift.pack import pack
 from lift.rng import RngCounters
@@ -71,6 +76,14 @@ _SHARED_MODULE_WRITES = (
     'inside the loop. scan_layers gives a module shared by the layers its '
     'variables read-only and no rng streams. Fix: call it outside scan_layers and '
     'pass its result to the layers, or call the layers in a Python loop.')
+_FLAX_LAYER_DRAWS = (
+    'scan_layers: the wrapped flax layer at {path} draws rng keys inside the loop. '
+    'Flax derives its keys in Python from each layer\'s own path, which one loop '
+    'running layer 0\'s code cannot reproduce. Fix: use the native layer '
+    '(nn.Dropout rather than nn.from_flax(flax.linen.Dropout(...))), or call the '
+    'layers in a Python loop.')
+
+
 def _check_layers(layers: Any) -> tuple[Module, ...]:
   if not isinstance(layers, Sequence) or not layers:
     raise errors.LayerStackError(_NOT_LAYERS.format(value=layers, reason='empty or not a list'))
@@ -119,7 +132,7 @@ class _LayerStep:
           ((tape_streams([x.keys], tape)[0][0],) + empty + no_rngs,))
       layer = self.first.clone(parent=scopes[0], _deep_clone=_rebound(self.shared, shared_scopes))
       args, kwargs = self.layer_args.for_layer(x.rows)
-      with _read_only(self.shared):
+      with _read_only(self.shared), _flax_draws_refused():
         carry = layer(carry, *args, **kwargs)
       out = self.repack_fn((scopes, shared_scopes))[0][0]
       tape.check_complete()
@@ -149,6 +162,15 @@ def _read_only(shared: Sequence[Module]):
         raise errors.LayerStackError(_SHARED_MODULE_WRITES.format(
             path='/' + '/'.join(path), what=what)) from e
     raise
+
+
+@contextlib.contextmanager
+def _flax_draws_refused():
+  """Turns a wrapped flax layer's draw (its keys follow each layer's path) into an error."""
+  try:
+    yield
+  except ConcreteKeysNeeded as e:
+    raise errors.LayerStackError(_FLAX_LAYER_DRAWS.format(path=e.where)) from None
 
 
 def _names(path_text: str) -> tuple[str, ...]:

@@ -4,6 +4,7 @@ Oracle: the same module running the Python loop over the same layers
 (``for layer in self.layers: x = layer(x)``): init values, outputs, gradients,
 rng draws, mutable collections and rng counters afterwards must be equal.
 """
+import flax.linen as flax_nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -338,3 +339,38 @@ def test_a_shared_module_writing_or_drawing_inside_the_loop_is_a_clear_error(
     SharedHolder(shared_cls).apply(variables, X, train, rngs={'dropout': KEY},
                                    mutable=mutable)
   assert '/shared' in str(info.value)
+
+
+class FlaxDropoutBlock(nn.Module):
+  """A block whose dropout is a wrapped flax layer: flax hashes its keys in Python."""
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x):
+    dropout = nn.from_flax(flax_nn.Dropout(0.5, deterministic=self.deterministic))
+    return dropout(nn.Dense(4)(x))
+
+
+@pytest.mark.parametrize('jit', [False, True])
+def test_a_wrapped_flax_layer_drawing_inside_the_loop_is_a_clear_error(jit):
+  class Net(nn.Module):
+    deterministic: bool
+    scanned: bool = True
+
+    def setup(self):
+      self.layers = [FlaxDropoutBlock(self.deterministic) for _ in range(3)]
+
+    def __call__(self, x):
+      if self.scanned:
+        return nn.scan_layers(self.layers, x)
+      for layer in self.layers:
+        x = layer(x)
+      return x
+
+  wrap = nn.jit if jit else (lambda cls: cls)
+  variables = Net(False, scanned=False).init(RNGS, X)
+  with pytest.raises(errors.LayerStackError, match=r'flax layer at .*layers_0/Dropout_0.*nn.Dropout'):
+    wrap(Net)(False).apply(variables, X, rngs={'dropout': KEY})
+  # Without draws the wrapped layer runs in the loop as it does in the Python loop.
+  assert_close(wrap(Net)(True).apply(variables, X, rngs={'dropout': KEY}),
+               Net(True, scanned=False).apply(variables, X))
