@@ -1,0 +1,90 @@
+"""`RNN` and `Bidirectional` against flax.linen's (same tree and values) and a Python loop."""
+import flax.linen as flax_nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import linen_ext as nn
+
+KEY = jax.random.key(0)
+LENGTHS = jnp.array([4, 6])
+
+
+def assert_close(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-6)
+
+
+def inputs(time_major):
+  return jnp.linspace(-1, 1, 36).reshape((6, 2, 3) if time_major else (2, 6, 3))
+
+
+def rnn_model(lib, **options):
+  class Model(lib.Module):
+    @lib.compact
+    def __call__(self, xs, lengths=None):
+      return lib.RNN(lib.LSTMCell(5), return_carry=True, **options)(xs, seq_lengths=lengths)
+  return Model()
+
+
+@pytest.mark.parametrize('options, with_lengths', [
+    ({}, False), ({}, True), ({'time_major': True}, True), ({'reverse': True}, True),
+    ({'reverse': True, 'keep_order': True, 'time_major': True}, True),
+], ids=['default', 'padded', 'time_major', 'reverse', 'reverse-keep_order-time_major'])
+def test_rnn_equals_flax(options, with_lengths):
+  xs, lengths = inputs(options.get('time_major', False)), LENGTHS if with_lengths else None
+  ours, theirs = rnn_model(nn, **options), rnn_model(flax_nn, **options)
+  variables = ours.init(KEY, xs, lengths)
+  assert_close(variables, theirs.init(KEY, xs, lengths))
+  assert_close(ours.apply(variables, xs, lengths), theirs.apply(variables, xs, lengths))
+
+
+def test_bidirectional_equals_flax_with_padding():
+  def make(lib):
+    class Model(lib.Module):
+      @lib.compact
+      def __call__(self, xs, lengths):
+        layer = lib.Bidirectional(lib.RNN(lib.GRUCell(4)), lib.RNN(lib.LSTMCell(3)),
+                                  return_carry=True)
+        return layer(xs, seq_lengths=lengths)
+    return Model()
+
+  xs = inputs(False)
+  variables = make(nn).init(KEY, xs, LENGTHS)
+  assert_close(variables, make(flax_nn).init(KEY, xs, LENGTHS))
+  (carries, ys) = make(nn).apply(variables, xs, LENGTHS)
+  assert ys.shape == (2, 6, 7)
+  assert_close((carries, ys), make(flax_nn).apply(variables, xs, LENGTHS))
+
+
+def test_rnn_and_its_gradient_equal_a_python_loop_over_the_cell():
+  xs = inputs(False)
+  model = rnn_model(nn)
+  variables = model.init(KEY, xs)
+  cell_variables = {'params': variables['params']['LSTMCell_0']}
+
+  def looped(params):
+    cell = nn.LSTMCell(5)
+    carry = cell.initialize_carry(jax.random.key(0), xs[:, 0].shape)
+    ys = []
+    for t in range(xs.shape[1]):
+      carry, y = cell.apply({'params': params}, carry, xs[:, t])
+      ys.append(y)
+    return carry, jnp.stack(ys, axis=1)
+
+  assert_close(model.apply(variables, xs), looped(cell_variables['params']))
+  loss = lambda y: jnp.sum(y[1] ** 2)
+  grad = jax.grad(lambda v: loss(model.apply(v, xs)))(variables)
+  assert_close(grad['params']['LSTMCell_0'],
+               jax.grad(lambda p: loss(looped(p)))(cell_variables['params']))
+
+
+def test_flip_sequences_keeps_padding_at_the_end():
+  xs = jnp.array([[1, 0, 0], [2, 3, 0], [4, 5, 6]])
+  flipped = nn.flip_sequences(xs, jnp.array([1, 2, 3]), num_batch_dims=1, time_major=False)
+  assert flipped.tolist() == [[1, 0, 0], [3, 2, 0], [6, 5, 4]]
+  time_major = nn.flip_sequences(xs.T, jnp.array([1, 2, 3]), num_batch_dims=1, time_major=True)
+  assert time_major.T.tolist() == flipped.tolist()
+  assert nn.flip_sequences(xs, None, 1, False).tolist() == xs[:, ::-1].tolist()
