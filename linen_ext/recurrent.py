@@ -1,11 +1,12 @@
 """`RNN` and `Bidirectional`: a recurrent cell looped over time by the lifted `scan`.
 
 They take Flax's constructor and call arguments, so ``nn.RNN(nn.LSTMCell(64))``
-ports by changing the import, and give Flax's variable tree and values. The
-cell runs under `linen_ext.scan` with its parameters broadcast (one set for
-every step); ``seq_lengths`` marks the padding at the end of each sequence:
-a reversed pass flips only the real steps, and the returned carry is the one
-after each sequence's last real step.
+ports by changing the import, and give Flax's variable tree and values. Cells
+are the ready-made ones (`LSTMCell`, `GRUCell`, ...) or `RNNCellBase`
+subclasses. The cell runs under `linen_ext.scan` with its parameters
+broadcast (one set for every step); ``seq_lengths`` marks the padding at the
+end of each sequence: a reversed pass flips only the real steps, and the
+returned carry is the one after each sequence's last real step.
 """
 from __future__ import annotations
 
@@ -16,8 +17,34 @@ import jax
 import jax.numpy as jnp
 from flax.core import FrozenDict
 
-from linen_ext.module import Module
+from linen_ext.module import Module, nowrap
 from linen_ext.transforms import scan
+
+
+class RNNCellBase(Module):
+  """Base of recurrent cells ``(carry, x) -> (carry, y)`` that `RNN` can loop.
+
+  A subclass defines ``__call__`` and ``initialize_carry``; ``num_feature_axes``
+  (trailing feature axes of an input step) is 1 unless overridden.
+
+  >>> class Accumulate(RNNCellBase):
+  ...   def __call__(self, carry, x):
+  ...     return carry + x, carry + x
+  ...   def initialize_carry(self, rng, input_shape):
+  ...     return jnp.zeros(input_shape)
+  """
+
+  @nowrap
+  def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]) -> Any:
+    """The carry before the first step, for one input step of ``input_shape``."""
+    raise NotImplementedError(
+        f'{type(self).__name__} does not define initialize_carry(rng, input_shape); '
+        'define it, or pass initial_carry= to RNN.')
+
+  @property
+  def num_feature_axes(self) -> int:
+    """How many trailing axes of an input step are features."""
+    return 1
 
 
 def flip_sequences(inputs: jax.Array, seq_lengths: jax.Array | None, num_batch_dims: int,
@@ -145,4 +172,4 @@ class Bidirectional(Module):
     return ((carry_forward, carry_backward), outputs) if return_carry else outputs
 
 
-__all__ = ['RNN', 'Bidirectional', 'flip_sequences']
+__all__ = ['RNN', 'RNNCellBase', 'Bidirectional', 'flip_sequences']

@@ -88,3 +88,23 @@ def test_flip_sequences_keeps_padding_at_the_end():
   time_major = nn.flip_sequences(xs.T, jnp.array([1, 2, 3]), num_batch_dims=1, time_major=True)
   assert time_major.T.tolist() == flipped.tolist()
   assert nn.flip_sequences(xs, None, 1, False).tolist() == xs[:, ::-1].tolist()
+
+
+def test_a_cell_subclassing_rnncellbase_runs_and_a_missing_initialize_carry_says_so():
+  class Accumulate(nn.RNNCellBase):
+    @nn.compact
+    def __call__(self, carry, x):
+      carry = carry + nn.Dense(3, use_bias=False)(x)
+      return carry, 2 * carry
+
+  class WithCarry(Accumulate):
+    def initialize_carry(self, rng, input_shape):
+      return jnp.zeros(input_shape[:-1] + (3,))
+
+  xs = inputs(False)
+  variables = nn.RNN(WithCarry()).init(KEY, xs)
+  kernel = variables['params']['cell']['Dense_0']['kernel']
+  np.testing.assert_allclose(nn.RNN(WithCarry()).apply(variables, xs),
+                             2 * jnp.cumsum(xs @ kernel, axis=1), rtol=1e-5, atol=1e-6)
+  with pytest.raises(NotImplementedError, match='Accumulate does not define initialize_carry'):
+    nn.RNN(Accumulate()).init(KEY, xs)
