@@ -106,8 +106,13 @@ class RNN(Module):
     return_carry, time_major = pick(return_carry, self.return_carry), pick(time_major,
                                                                            self.time_major)
     reverse, keep_order = pick(reverse, self.reverse), pick(keep_order, self.keep_order)
-    time_axis = 0 if time_major else inputs.ndim - self.cell.num_feature_axes - 1
-    batch_dims = time_axis if not time_major else inputs.ndim - self.cell.num_feature_axes - 1
+    features = getattr(self.cell, 'num_feature_axes', None)
+    if not isinstance(features, int):
+      raise TypeError(f'RNN: the cell {type(self.cell).__name__} is not a recurrent cell (it '
+                      'has no num_feature_axes). Fix: pass a cell such as nn.LSTMCell(n), or '
+                      'subclass nn.RNNCellBase with __call__(carry, x) -> (carry, y).')
+    time_axis = 0 if time_major else inputs.ndim - features - 1
+    batch_dims = time_axis if not time_major else inputs.ndim - features - 1
     flip = lambda xs: jax.tree.map(
         lambda x: flip_sequences(x, seq_lengths, batch_dims, time_major), xs)
     if reverse:

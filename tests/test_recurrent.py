@@ -108,3 +108,5 @@ def test_a_cell_subclassing_rnncellbase_runs_and_a_missing_initialize_carry_says
                              2 * jnp.cumsum(xs @ kernel, axis=1), rtol=1e-5, atol=1e-6)
   with pytest.raises(NotImplementedError, match='Accumulate does not define initialize_carry'):
     nn.RNN(Accumulate()).init(KEY, xs)
+  with pytest.raises(TypeError, match='Dense is not a recurrent cell'):
+    nn.RNN(nn.Dense(3)).init(KEY, xs)
