@@ -47,11 +47,13 @@ UNINITIALIZED = ModuleState()
 
 
 class _Context(threading.local):
-  """The module whose method is running (creating modules adopts them) and capture filters."""
+  """The module whose method is running (creating modules adopts them), capture filters
+  and method interceptors."""
 
   def __init__(self):
     self.module_stack: list[Any] = [None]
     self.capture_stack: list[Callable[[Any, str], bool] | None] = []
+    self.interceptors: list[Callable[..., Any]] = []  # intercept_methods, outermost first
 
 
 context = _Context()

@@ -31,6 +31,7 @@ from lift.scope import Scope
 
 from linen_ext import errors
 from linen_ext._state import UNINITIALIZED, ModuleState, SetupState, context
+from linen_ext.interception import run_intercepted
 from linen_ext.variables_api import VariablesMixin
 from linen_ext.entry import EntryMixin
 
@@ -289,7 +290,10 @@ class Module(VariablesMixin, EntryMixin):
       recurrent, state.in_compact_method = state.in_compact_method, True
     context.module_stack.append(self)
     try:
-      y = fun(self, *args, **kwargs)
+      if context.interceptors:
+        y = run_intercepted(fun, self, fn_name(fun), args, kwargs)
+      else:
+        y = fun(self, *args, **kwargs)
       self._capture(fn_name(fun), y)
       return y
     finally:
