@@ -38,6 +38,7 @@ from linen_ext.layers import (BatchNorm, Conv, ConvLocal, ConvLSTMCell, ConvTran
                               SimpleCell)
 from linen_ext.module import Module, compact, nowrap, share_scope
 from linen_ext.interception import InterceptorContext, intercept_methods
+from linen_ext.summary import tabulate
 from linen_ext.recurrent import RNN, Bidirectional, RNNCellBase, flip_sequences
 from linen_ext.variables_api import tuple_init, tuple_reduce
 from linen_ext.direct import (cond, custom_vjp, grad, jvp, switch, value_and_grad, vjp,

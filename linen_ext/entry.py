@@ -223,3 +223,14 @@ class EntryMixin:
       raise errors.UnboundModuleError(type(self).__name__, 'Calling unbind()')
     module = self.clone(_deep_clone=True, _reset_names=True, name=None)
     return module, self.variables
+
+  def tabulate(self, rngs: Any, *args, **kwargs) -> str:
+    """A table of the calls ``init`` makes: paths, shapes in and out, variables (as Flax's).
+
+    Options: ``depth``, ``show_repeated``, ``mutable``, ``console_kwargs``,
+    ``table_kwargs``, ``column_kwargs``; nothing runs (``jax.eval_shape``).
+
+    >>> print(Model().tabulate(jax.random.key(0), x, depth=1))
+    """
+    from linen_ext.summary import module_table  # summary runs init: import it when used
+    return module_table(self, rngs, *args, **kwargs)
