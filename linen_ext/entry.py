@@ -234,3 +234,12 @@ class EntryMixin:
     """
     from linen_ext.summary import module_table  # summary runs init: import it when used
     return module_table(self, rngs, *args, **kwargs)
+
+  def module_paths(self, rngs: Any, *args, **kwargs) -> dict[str, Any]:
+    """``{path: unbound module}`` of the modules ``init`` calls (``''`` is this one), as Flax's.
+
+    >>> Model().module_paths(jax.random.key(0), x)['Dense_0'].features
+    4
+    """
+    from linen_ext.summary import module_paths
+    return module_paths(self, rngs, *args, **kwargs)

@@ -29,6 +29,7 @@ class Call(NamedTuple):
   method: str
   inputs: Any
   outputs: Any
+  copy: Any  # the called module, unbound
 
 
 def _shape(x: Any) -> Any:
@@ -47,7 +48,8 @@ def _recorded(module: Any, rngs: Any, args: tuple, kwargs: dict, mutable: Any):
     y = next_fun(*call_args, **call_kwargs)
     inputs = call_args[0] if len(call_args) == 1 and not call_kwargs else (call_args, call_kwargs)
     calls[index] = Call(tuple(context.module.path), type(context.module).__name__,
-                        context.method_name, jax.tree.map(_shape, inputs), jax.tree.map(_shape, y))
+                        context.method_name, jax.tree.map(_shape, inputs), jax.tree.map(_shape, y),
+                        context.module.clone())
     return y
 
   def run(rngs, *args, **kwargs):
@@ -158,6 +160,17 @@ def module_table(module: Any, rngs: Any, *args, depth: int | None = None,
                                  **(console_kwargs or {}))
   console.print(table)
   return out.getvalue()
+
+
+def module_paths(module: Any, rngs: Any, *args, show_repeated: bool = False,
+                 mutable: Any = DenyList('intermediates'), **kwargs) -> dict[str, Any]:
+  """``{path: unbound copy}`` of every module ``module.init(rngs, *args)`` calls.
+
+  >>> Model().module_paths(jax.random.key(0), x)['Dense_0']
+  Dense(...)
+  """
+  calls, _ = _recorded(module, rngs, args, kwargs, mutable)
+  return {'/'.join(call.path): call.copy for call in _rows(calls, None, show_repeated)}
 
 
 def tabulate(module: Any, rngs: Any, **options) -> Callable[..., str]:

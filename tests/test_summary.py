@@ -53,3 +53,11 @@ def test_depth_folds_descendants_into_the_shown_ancestor():
 def test_flop_counting_is_refused_with_a_pointer():
   with pytest.raises(NotImplementedError, match='cost_analysis'):
     make(nn).tabulate(jax.random.key(0), X, compute_flops=True)
+
+
+def test_module_paths_equal_flax():
+  ours = make(nn).module_paths(jax.random.key(0), X)
+  theirs = make(flax_nn).module_paths(jax.random.key(0), X)
+  assert list(ours) == list(theirs)
+  assert [type(m).__name__ for m in ours.values()] == [type(m).__name__ for m in theirs.values()]
+  assert ours['Block_0/Dense_0'].features == 4 and ours['Block_0/Dense_0'].scope is None
