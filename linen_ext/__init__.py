@@ -7,7 +7,9 @@
 ...     return nn.Dense(1)(nn.relu(nn.Dense(4)(x)))
 >>> variables = Mlp().init(jax.random.key(0), jnp.ones((2, 3)))
 """
-# Activations, initializers and axis metadata are Flax's own (pure functions and boxes).
+# Activations, initializers, axis metadata and FrozenDict are Flax's own (pure functions,
+# boxes, a container).
+from flax.core import FrozenDict
 from flax.linen import initializers
 from flax.linen import (PARTITION_NAME, LogicallyPartitioned, Partitioned,
                         get_logical_axis_rules, get_partition_spec, get_sharding,
