@@ -246,8 +246,8 @@ def _fingerprint(value: Any, seen: dict[int, int], path: str) -> Any:
   """A hashable stand-in for ``value`` (a field at ``path``) equal for equal configurations.
 
   Modules by class, fields and setup state (a module met twice by its first
-  index); dataclasses by fields; containers item by item; numpy arrays by
-  value; anything else must be hashable itself.
+  index); unhashable dataclasses by fields; containers item by item; numpy
+  arrays by value; anything else must be hashable itself.
   """
   if isinstance(value, Module):
     if value._id in seen:
@@ -259,7 +259,7 @@ def _fingerprint(value: Any, seen: dict[int, int], path: str) -> Any:
     return type(value), fields, (state.in_setup, state.in_compact_method,
                                  int(bool(state.setup_called)),
                                  tuple(sorted(state.autoname_cursor.items())))
-  if dataclasses.is_dataclass(value) and not isinstance(value, type):
+  if dataclasses.is_dataclass(value) and not isinstance(value, type) and not _hashable(value):
     return type(value), tuple((f.name, _fingerprint(getattr(value, f.name), seen,
                                                     f'{path}.{f.name}'))
                               for f in dataclasses.fields(value) if hasattr(value, f.name))
@@ -276,6 +276,14 @@ def _fingerprint(value: Any, seen: dict[int, int], path: str) -> Any:
   except TypeError as error:
     raise errors.UnhashableModuleError(path, error) from None
   return value
+
+
+def _hashable(value: Any) -> bool:
+  try:
+    hash(value)
+  except TypeError:
+    return False
+  return True
 
 
 @dataclasses.dataclass(frozen=True)
