@@ -45,7 +45,7 @@ def intercept_methods(interceptor: Interceptor) -> Iterator[None]:
   try:
     yield
   finally:
-    context.interceptors.remove(interceptor)
+    context.interceptors.pop()  # blocks nest, so the last registered leaves first
 
 
 def run_intercepted(fun: Callable[..., Any], module: Any, method_name: str, args: tuple,
