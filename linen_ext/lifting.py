@@ -33,7 +33,7 @@ from lift.rng import RngStream
 from lift.scope import Scope, Variable
 
 from linen_ext import errors
-from linen_ext._state import ModuleState
+from linen_ext._state import ModuleState, context
 from linen_ext.module import Module, fn_name, map_modules
 
 Build = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -300,7 +300,10 @@ class ModuleProxy:
 
   @classmethod
   def of(cls, module: Module, module_cls: type | None) -> 'ModuleProxy':
-    fingerprint = (module_cls, _fingerprint(module, {}, type(module).__name__))
+    # Interceptors and the capture filter act while tracing: a trace made without them
+    # would hide calls from them (tabulate) or skip the intermediates they ask for.
+    active = (tuple(context.interceptors), tuple(context.capture_stack[-1:]))
+    fingerprint = (module_cls, _fingerprint(module, {}, type(module).__name__), active)
     return cls(module, module_cls, module._state.export(), fingerprint)
 
 

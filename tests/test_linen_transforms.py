@@ -248,6 +248,33 @@ def test_jit_on_methods_of_an_unbound_module_as_flax():
   grads = jax.grad(agent.loss)(variables, 2.0, X)
   assert jax.tree.structure(grads) == jax.tree.structure(variables)
 
+
+def test_jit_traces_again_for_another_capture_filter():
+  """Flax's nn.jit reuses the trace made for the first filter; ours captures as without jit."""
+  def captured(jit, filters):
+    class Block(nn.Module):
+      @(nn.jit if jit else (lambda f: f))
+      @nn.compact
+      def __call__(self, x):
+        return nn.Dense(3)(x)
+
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return Block()(x)
+
+    variables = Model().init(KEY, X)
+    return [Model().apply(variables, X, capture_intermediates=f, mutable=['intermediates'])[1]
+            for f in filters]
+
+  only_dense = lambda module, method: type(module).__name__ == 'Dense'
+  only_block = lambda module, method: type(module).__name__ == 'Block'
+  ours = captured(True, [True, only_dense, only_block])
+  assert_same(ours, captured(False, [True, only_dense, only_block]))
+  assert list(ours[1]['intermediates']['Block_0']) == ['Dense_0']
+  assert list(ours[2]['intermediates']['Block_0']) == ['__call__']
+
+
 def test_checkpoint_static_argnums_count_self():
   class Block(nn.Module):
     @functools.partial(nn.checkpoint, static_argnums=(2,))

@@ -61,3 +61,19 @@ def test_module_paths_equal_flax():
   assert list(ours) == list(theirs)
   assert [type(m).__name__ for m in ours.values()] == [type(m).__name__ for m in theirs.values()]
   assert ours['Block_0/Dense_0'].features == 4 and ours['Block_0/Dense_0'].scope is None
+
+
+def test_tabulate_sees_inside_a_jitted_submodule_already_compiled():
+  class Block(nn.Module):
+    @nn.jit
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(3)(x)
+
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return Block()(x)
+
+  Model().init(jax.random.key(0), X)  # compiles Block's jit without interceptors
+  assert 'Block_0/Dense_0' in Model().tabulate(jax.random.key(0), X)
