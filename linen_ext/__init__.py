@@ -7,9 +7,10 @@
 ...     return nn.Dense(1)(nn.relu(nn.Dense(4)(x)))
 >>> variables = Mlp().init(jax.random.key(0), jnp.ones((2, 3)))
 """
-# Activations, initializers, axis metadata and FrozenDict are Flax's own (pure functions,
-# boxes, a container).
+# Activations, initializers, axis metadata, FrozenDict and BatchApply are Flax's own (pure
+# functions, boxes, a container, a reshaping wrapper of any callable).
 from flax.core import FrozenDict
+from flax.linen import BatchApply
 from flax.linen import initializers
 from flax.linen import (PARTITION_NAME, LogicallyPartitioned, Partitioned,
                         get_logical_axis_rules, get_partition_spec, get_sharding,

@@ -408,3 +408,16 @@ def test_flax_combinators_as_scan_layers_layers_give_the_loop_values():
   grads = [jax.grad(lambda v, m=m: jnp.sum(m.apply(v, X) ** 2))(variables)
            for m in (Model(True), Flax())]
   assert_same(*grads)
+
+
+def test_batch_apply_merges_leading_axes_around_a_native_module():
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.BatchApply(nn.Dense(3))(x)
+
+  x = jnp.linspace(-1, 1, 40).reshape(2, 5, 4)
+  variables = Model().init(jax.random.key(0), x)
+  kernel, bias = variables['params']['Dense_0']['kernel'], variables['params']['Dense_0']['bias']
+  np.testing.assert_allclose(Model().apply(variables, x), x @ kernel + bias[None, None],
+                             rtol=1e-5, atol=1e-6)
