@@ -423,9 +423,8 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
       must not depend on the carry, the scanned inputs or a split stream.
     variable_carry: collections carried from step to step, like ``carry``; if
       the step creates them, it first runs once on its own (as the unrolled loop).
-    split_rngs: ``{stream filter: bool}``; step ``i`` of a split stream draws
-      from ``split(key, length)[i]``. Streams matched by no filter are not
-      available inside.
+    split_rngs: ``{stream filter: bool}``; step ``i`` of a split stream draws from
+      ``split(key, length)[i]``. Streams matched by no filter are unavailable inside.
     in_axes, out_axes: axis of each ``xs``/``ys`` leaf (tree prefixes);
       ``lift.broadcast`` (or None) passes an input whole to every step, or
       returns an output computed once (it must not depend on the loop).
@@ -435,14 +434,11 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
     data_transform: ``(variable_groups, rng_groups) -> (variable_groups,
       rng_groups)`` applied inside each step before the scope is rebuilt.
     metadata_params: passed to the ``AxisMetadata`` boxes of scanned collections.
-    check_constancy_invariants: as Flax's, False stands for one trace of the
-      step instead of two: every stream draws in the loop what the first
-      trace draws (Flax's keys with that setting). The invariance check runs
-      either way, so broadcast writes and outputs keep working.
+    check_constancy_invariants: False draws Flax's keys for it (those of the
+      first trace); the invariance check runs either way.
     remat: checkpoint policy of each step: anything
       ``lift.loops.resolve_remat`` accepts (False, True, 'nested', ...).
-    _draw_once: a filter of rng streams that draw in the loop what the
-      pre-pass draws (as in ``vmap``), not what follows it (as in Flax).
+    _draw_once: streams that draw in the loop what the pre-pass draws (as ``vmap``).
 
   Not for loops of unknown length: use ``while_loop``.
 
