@@ -286,6 +286,19 @@ def _hashable(value: Any) -> bool:
   return True
 
 
+class _Identity:
+  """An unhashable callable (a capture filter object) as a cache key: itself, by identity."""
+
+  def __init__(self, value: Any):
+    self.value = value  # held, so its id is not reused while a cache entry holds this
+
+  def __hash__(self) -> int:
+    return id(self.value)
+
+  def __eq__(self, other: Any) -> bool:
+    return isinstance(other, _Identity) and other.value is self.value
+
+
 @dataclasses.dataclass(frozen=True)
 class ModuleProxy:
   """A module as a static argument: equal to another with the same configuration and state.
@@ -302,7 +315,8 @@ class ModuleProxy:
   def of(cls, module: Module, module_cls: type | None) -> 'ModuleProxy':
     # Interceptors and the capture filter act while tracing: a trace made without them
     # would hide calls from them (tabulate) or skip the intermediates they ask for.
-    active = (tuple(context.interceptors), tuple(context.capture_stack[-1:]))
+    key = lambda fns: tuple(f if _hashable(f) else _Identity(f) for f in fns)
+    active = (key(context.interceptors), key(context.capture_stack[-1:]))
     fingerprint = (module_cls, _fingerprint(module, {}, type(module).__name__), active)
     return cls(module, module_cls, module._state.export(), fingerprint)
 

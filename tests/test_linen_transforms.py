@@ -267,10 +267,16 @@ def test_jit_traces_again_for_another_capture_filter():
     return [Model().apply(variables, X, capture_intermediates=f, mutable=['intermediates'])[1]
             for f in filters]
 
-  only_dense = lambda module, method: type(module).__name__ == 'Dense'
-  only_block = lambda module, method: type(module).__name__ == 'Block'
-  ours = captured(True, [True, only_dense, only_block])
-  assert_same(ours, captured(False, [True, only_dense, only_block]))
+  @dataclasses.dataclass  # an unhashable filter object
+  class OnlyClass:
+    name: str
+
+    def __call__(self, module, method):
+      return type(module).__name__ == self.name
+
+  filters = [True, OnlyClass('Dense'), OnlyClass('Block')]
+  ours = captured(True, filters)
+  assert_same(ours, captured(False, filters))
   assert list(ours[1]['intermediates']['Block_0']) == ['Dense_0']
   assert list(ours[2]['intermediates']['Block_0']) == ['__call__']
 
