@@ -12,7 +12,9 @@ Before the loop, a pre-pass traces one step without running it
 collections (and outputs with ``out_axes=broadcast``) is checked not to depend
 on the loop and is computed once, running only the equations it needs; and
 carry variables that the step creates (as during init) make the first step run
-on its own before the loop, exactly as in the unrolled Python loop.
+on its own before the loop, exactly as in the unrolled Python loop. Where a
+second trace would make the same program (no variables created, the same rng
+keys drawn), the loop runs the pre-pass's trace: the step is traced once.
 notes/0002-lifted-transforms.md states the semantics as equations.
 """
 from __future__ import annotations
@@ -150,6 +152,10 @@ class _CounterReplay:
     once = functools.partial(in_filter, self.draw_once)
     self.saved = [_counters.per_stream(before, _counters.snapshot(node), once)
                   for before, node in zip(self.before, self.nodes)]
+
+  def replays_first(self) -> bool:
+    """Whether a later trace draws exactly the keys of the first one."""
+    return all(_counters.frozen(a) == _counters.frozen(b) for a, b in zip(self.saved, self.before))
 
 
 # -- one step ----------------------------------------------------------------------
@@ -293,11 +299,12 @@ class _Plan(NamedTuple):
   consts: tuple[dict, ...]  # carry collections the steps only read
   invariant: Invariant  # the values of the loop-invariant writes
   peel: bool  # whether the first step creates carry variables
+  body: Callable[..., Any]  # the loop body: the step, or the pre-pass's trace of it
 
 
 def _plan(step: _Step, carry_variables: tuple[dict, ...], init: Any, xs: StepInputs) -> _Plan:
   """The pre-pass: traces one step, checks and computes its invariant writes, finds the carry."""
-  jaxpr, (invariant, out_carry, _) = jax.make_jaxpr(
+  jaxpr, (invariant, out_carry, scanned) = jax.make_jaxpr(
       functools.partial(_invariant_first, step), return_shape=True,
   )(LoopCarry(carry_variables, init), jax.tree.map(_step_shape, xs))
   step.replay.save()
@@ -311,28 +318,53 @@ def _plan(step: _Step, carry_variables: tuple[dict, ...], init: Any, xs: StepInp
   consts = tuple({c: t for c, t in group.items() if c not in out}
                  for group, out in zip(carry_variables, returned))
   peel = jax.tree.structure(carried) != jax.tree.structure(returned)
-  return _Plan(carried, consts, invariant, peel)
+  body = step
+  if not peel and not jax.tree.leaves(invariant.variables) and step.replay.replays_first():
+    body = _TracedStep(jaxpr, len(leaves), jax.tree.structure((out_carry, scanned)), consts)
+  return _Plan(carried, consts, invariant, peel, body)
+
+
+@dataclasses.dataclass(eq=False)  # lax.scan hashes its body
+class _TracedStep:
+  """The loop body as the pre-pass traced it, where tracing the step again would give
+  the same program: it creates no variables and draws the same keys as the pre-pass.
+  This halves the tracing of a scan (Flax traces twice, once with
+  ``check_constancy_invariants=False``)."""
+  jaxpr: Any  # of (LoopCarry, StepInputs) -> (Invariant, LoopCarry, scanned)
+  n_invariant: int  # leading outputs computed before the loop, left out here
+  out_tree: Any  # of (LoopCarry, scanned)
+  carry_consts: tuple[dict, ...]
+
+  def __post_init__(self):
+    used = [False] * self.n_invariant + [True] * (len(self.jaxpr.jaxpr.outvars) - self.n_invariant)
+    self.jaxpr, self.used_inputs = _compat.prune_jaxpr(self.jaxpr, used)
+
+  def __call__(self, carry: LoopCarry, x: StepInputs) -> tuple[LoopCarry, Any]:
+    full = LoopCarry(_merge_roots(self.carry_consts, carry.variables), carry.carry)
+    inputs = [a for a, used in zip(jax.tree.leaves((full, x)), self.used_inputs) if used]
+    return self.out_tree.unflatten(_compat.jaxpr_as_fun(self.jaxpr)(*inputs))
 
 
 # -- the loop ----------------------------------------------------------------------
 
-def _run_loop(step: _Step, carry: LoopCarry, xs: StepInputs, length: int):
-  config = step.config
+def _run_loop(step: _Step | _TracedStep, config: ScanConfig, carry: LoopCarry,
+              xs: StepInputs, length: int):
   return loops.run_scan(step, carry, xs, length=length, reverse=config.reverse,
                         unroll=config.unroll, remat=config.remat,
                         split_transpose=config.split_transpose)
 
 
-def _peeled_loop(step: _Step, carry: LoopCarry, xs: StepInputs, length: int):
+def _peeled_loop(step: _Step, config: ScanConfig, carry: LoopCarry, xs: StepInputs,
+                 length: int):
   """The first step on its own (it creates variables), then a loop over the others."""
-  reverse = step.config.reverse
+  reverse = config.reverse
   first = -1 if reverse else 0
   carry, first_y = step(carry, jax.tree.map(lambda x: x[first], xs))
   first_y = jax.tree.map(lambda y: y[None], first_y)
   if length == 1:
     return carry, first_y
   rest = jax.tree.map(lambda x: x[:-1] if reverse else x[1:], xs)
-  carry, ys = _run_loop(step, carry, rest, length - 1)
+  carry, ys = _run_loop(step, config, carry, rest, length - 1)
   parts = (ys, first_y) if reverse else (first_y, ys)
   return carry, jax.tree.map(lambda a, b: jnp.concatenate([a, b]), *parts)
 
@@ -382,7 +414,8 @@ def _scan_groups(fn, config: ScanConfig, scope_fn, repack_fn, variable_groups,
   step.carry_consts = plan.consts
   step.broadcast_variables = _merge_roots(broadcast_variables, plan.invariant.variables)
   loop = _peeled_loop if plan.peel else _run_loop
-  carry, (scanned_ys, scanned_groups) = loop(step, LoopCarry(plan.carried, init), xs, length)
+  carry, (scanned_ys, scanned_groups) = loop(plan.body, config, LoopCarry(plan.carried, init), xs,
+                                                length)
   ys = _place_ys(scanned_ys, plan.invariant.ys, config.out_axes)
   out_axes = config.variable_axes.out_axes
   scanned_groups = tuple(move_axis(g, 0, a) for g, a in zip(scanned_groups, out_axes))
@@ -435,7 +468,8 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
       rng_groups)`` applied inside each step before the scope is rebuilt.
     metadata_params: passed to the ``AxisMetadata`` boxes of scanned collections.
     check_constancy_invariants: False draws Flax's keys for it (those of the
-      first trace); the invariance check runs either way.
+      first trace), and the step is then traced once where it creates no
+      carry or broadcast variables; the invariance check runs either way.
     remat: checkpoint policy of each step: anything
       ``lift.loops.resolve_remat`` accepts (False, True, 'nested', ...).
     _draw_once: streams that draw in the loop what the pre-pass draws (as ``vmap``).

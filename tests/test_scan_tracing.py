@@ -1,0 +1,94 @@
+"""How often `scan` traces its step: once where a second trace would make the same program.
+
+The pre-pass traces one step (to find loop-invariant writes and carried
+variables). Flax traces its body twice, or once with
+``check_constancy_invariants=False``. Where the step creates no variables and
+draws the same keys when traced again (no rng draws, or only draws that every
+trace repeats, as ``check_constancy_invariants=False`` asks), the loop runs the
+pre-pass's trace; otherwise the step is traced again, with Flax's keys.
+"""
+import flax.linen as flax_nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import linen_ext as nn
+
+KEY = jax.random.key(0)
+XS = jnp.linspace(-1.0, 1.0, 24).reshape(3, 2, 4)
+
+
+def counted(lib, check, dropout=False):
+  traces = []
+
+  class Cell(lib.Module):
+    @lib.compact
+    def __call__(self, c, x):
+      traces.append(1)
+      h = lib.Dense(4)(c) + x
+      if dropout:
+        h = lib.Dropout(0.5, deterministic=False)(h)
+      return h, h
+
+  scanned = lib.scan(Cell, variable_axes={'params': 0}, length=3,
+                     split_rngs={'params': True, 'dropout': True},
+                     check_constancy_invariants=check)
+  return scanned(), traces
+
+
+@pytest.mark.parametrize('check', [True, False])
+def test_apply_traces_the_step_once_with_flax_values(check):
+  model, traces = counted(nn, check)
+  variables = model.init(KEY, XS[0], XS)
+  traces.clear()
+  y = model.apply(variables, XS[0], XS)
+  assert len(traces) == 1  # Flax: 2 with the check, 1 without
+  reference, _ = counted(flax_nn, check)
+  for a, b in zip(jax.tree.leaves(y), jax.tree.leaves(reference.apply(variables, XS[0], XS))):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize('check, expected', [(True, 2), (False, 1)])
+def test_init_traces_as_flax(check, expected):
+  """Initialisers draw split 'params' keys: Flax's keys need the second trace, unless
+  check_constancy_invariants=False, where every trace draws the first trace's keys."""
+  model, traces = counted(nn, check)
+  variables = model.init(KEY, XS[0], XS)
+  reference, flax_traces = counted(flax_nn, check)
+  expected_variables = reference.init(KEY, XS[0], XS)
+  assert len(traces) == len(flax_traces) == expected
+  for a, b in zip(jax.tree.leaves(variables), jax.tree.leaves(expected_variables)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_step_drawing_new_keys_is_traced_again_for_flax_keys():
+  model, traces = counted(nn, True, dropout=True)
+  variables = model.init(KEY, XS[0], XS)
+  traces.clear()
+  rngs = {'dropout': jax.random.key(1)}
+  y = model.apply(variables, XS[0], XS, rngs=rngs)
+  assert len(traces) == 2
+  reference, _ = counted(flax_nn, True, dropout=True)
+  for a, b in zip(jax.tree.leaves(y),
+                  jax.tree.leaves(reference.apply(variables, XS[0], XS, rngs=rngs))):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_remat_policies_run_the_reused_trace():
+  class Cell(nn.Module):
+    @nn.compact
+    def __call__(self, c, x):
+      return jnp.tanh(nn.Dense(4)(c) + x), None
+
+  def loss(variables, remat):
+    scanned = nn.scan(Cell, variable_axes={'params': 0}, split_rngs={'params': True},
+                      length=3, remat=remat)()
+    return jnp.sum(scanned.apply(variables, XS[0], XS)[0] ** 2)
+
+  variables = nn.scan(Cell, variable_axes={'params': 0}, split_rngs={'params': True},
+                      length=3)().init(KEY, XS[0], XS)
+  expected = jax.grad(loss)(variables, False)
+  for remat in (True, 'nested', 'save_all'):
+    for a, b in zip(jax.tree.leaves(jax.grad(loss)(variables, remat)), jax.tree.leaves(expected)):
+      np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
