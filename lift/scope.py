@@ -86,7 +86,7 @@ class Scope:
     self.flags = dict(flags or {})
     self.rng_counters = rng_counters or RngCounters()
     self.reservations: dict[str, set[str | None]] = collections.defaultdict(set)
-    self._root = parent.root if parent is not None else self
+    self._root = parent.root if parent is not None else None  # None: this is the root
     self._rel_path = parent._rel_path + (name,) if parent is not None else ()
     self._variables = variables if parent is None else None
     # Shared by a root and its rewound copies: invalidating the root ends them all.
@@ -102,7 +102,7 @@ class Scope:
 
   @property
   def root(self) -> 'Scope':
-    return self._root
+    return self if self._root is None else self._root
 
   @property
   def path_text(self) -> str:
@@ -120,10 +120,17 @@ class Scope:
     return self._invalid or not self._root_alive[0]
 
   def invalidate(self):
-    """Marks this scope unusable; invalidating a root invalidates its whole tree."""
+    """Marks this scope unusable; invalidating a root invalidates its whole tree.
+
+    A root lets go of its variables, rng keys and what it stored for clients
+    (modules that refer back to it): values traced inside a transform are
+    freed with its trace, not kept alive by a module or cache that holds the
+    scope.
+    """
     self._invalid = True
     if self.parent is None:
       self._root_alive[0] = False
+      self._variables, self.rngs, self.client_cache = {}, {}, {}
 
   @contextlib.contextmanager
   def temporary(self) -> Iterator['Scope']:

@@ -23,11 +23,13 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+from flax import serialization
 
 from lift.rng import RngStream
 from lift.scope import Scope, Variable
@@ -247,7 +249,8 @@ def _fingerprint(value: Any, seen: dict[int, int], path: str) -> Any:
 
   Modules by class, fields and setup state (a module met twice by its first
   index); unhashable dataclasses by fields; containers item by item; numpy
-  arrays by value; anything else must be hashable itself.
+  arrays by value; types registered with ``flax.serialization`` by their
+  state dict (as Flax); anything else must be hashable itself.
   """
   if isinstance(value, Module):
     if value._id in seen:
@@ -271,6 +274,8 @@ def _fingerprint(value: Any, seen: dict[int, int], path: str) -> Any:
     return type(value), frozenset(_fingerprint(v, seen, f'{path}{{}}') for v in value)
   if isinstance(value, np.ndarray):
     return np.ndarray, value.dtype.str, value.shape, value.tobytes()
+  if serialization.is_serializable(value):  # a type registered with flax.serialization
+    return type(value), _fingerprint(serialization.to_state_dict(value), seen, path)
   try:
     hash(value)
   except TypeError as error:
@@ -306,10 +311,16 @@ class ModuleProxy:
   >>> ModuleProxy.of(Block(4, parent=scope), None) == ModuleProxy.of(Block(4, parent=other), None)
   True
   """
-  module: Any = dataclasses.field(compare=False, hash=False)
+  # Held weakly: caches keep the proxy (a jit cache key), and the module holds variables.
+  module_ref: weakref.ref = dataclasses.field(compare=False, hash=False)
   cls: type | None = dataclasses.field(compare=False, hash=False)
   state: ModuleState = dataclasses.field(compare=False, hash=False)
   fingerprint: Any = None
+
+  @property
+  def module(self) -> Module:
+    """The module of the call that made this proxy (alive while that call traces)."""
+    return self.module_ref()
 
   @classmethod
   def of(cls, module: Module, module_cls: type | None) -> 'ModuleProxy':
@@ -318,7 +329,7 @@ class ModuleProxy:
     key = lambda fns: tuple(f if _hashable(f) else _Identity(f) for f in fns)
     active = (key(context.interceptors), key(context.capture_stack[-1:]))
     fingerprint = (module_cls, _fingerprint(module, {}, type(module).__name__), active)
-    return cls(module, module_cls, module._state.export(), fingerprint)
+    return cls(weakref.ref(module), module_cls, module._state.export(), fingerprint)
 
 
 def _run_inner_cached(transform: str, fn, scopes, proxy: ModuleProxy, *args, **kwargs):

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import serialization
 from jax.sharding import PartitionSpec as P
 
 import linen_ext as nn
@@ -627,6 +628,44 @@ def test_jit_fingerprints_unhashable_fields_by_value_as_flax(field, doubled):
   assert_same(make(nn)(field).apply(variables, X), make(flax_nn)(field).apply(variables, X))
   np.testing.assert_allclose(make(nn)(doubled).apply(variables, X),
                              2 * make(nn)(field).apply(variables, X), rtol=1e-6)
+
+
+class _Registered:
+  """A plain class known to flax.serialization, whose hash must not be used (as in Flax)."""
+
+  def __init__(self, a):
+    self.a = a
+
+  def __hash__(self):
+    raise RuntimeError('hashed')
+
+  def __eq__(self, other):
+    raise RuntimeError('compared')
+
+
+serialization.register_serialization_state(
+    _Registered, lambda node: {'a': node.a}, lambda node, state: _Registered(state['a']))
+
+
+def test_jit_fingerprints_serializable_fields_by_state_dict():
+  traces = []
+
+  class Scaled(nn.Module):
+    node: _Registered
+
+    @nn.jit
+    @nn.compact
+    def __call__(self, x):
+      traces.append(self.node.a)
+      return self.node.a * nn.Dense(2)(x)
+
+  variables = Scaled(_Registered(1.0)).init(KEY, X)
+  traces.clear()
+  y = Scaled(_Registered(1.0)).apply(variables, X)
+  Scaled(_Registered(1.0)).apply(variables, X)
+  y3 = Scaled(_Registered(3.0)).apply(variables, X)
+  assert traces == [1.0, 3.0]  # an equal state dict reuses the trace, a changed one retraces
+  np.testing.assert_allclose(y3, 3 * y, rtol=1e-6)
 
 
 @pytest.mark.parametrize('transform', ['jit', 'remat'])
