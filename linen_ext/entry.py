@@ -43,6 +43,11 @@ def _class_attribute(cls: type, name: str) -> Any:
   return None
 
 
+def _check_instance(module: Any, entry: str):
+  if not isinstance(module, EntryMixin):  # e.g. `Model.init(key, x)`: the key became `self`
+    raise errors.InvalidInstanceModuleError(entry, module)
+
+
 def _unbound_method(module: Any, method: Any) -> Callable[..., Any]:
   """``method`` as a function taking the module first (from a name, bound method or function)."""
   if method is None:
@@ -166,6 +171,7 @@ class EntryMixin:
 
     >>> y, variables = Dense(2).init_with_output(jax.random.key(0), jnp.ones((1, 3)))
     """
+    _check_instance(self, 'init_with_output')
     return init_with_output(_unbound_method(self, method), self, mutable,
                             capture_intermediates)(rngs, *args, **kwargs)
 
@@ -176,6 +182,7 @@ class EntryMixin:
 
     >>> variables = Dense(2).init(jax.random.key(0), jnp.ones((1, 3)))
     """
+    _check_instance(self, 'init')
     _, variables = self.init_with_output(
         rngs, *args, method=method, mutable=mutable,
         capture_intermediates=capture_intermediates, **kwargs)
@@ -188,6 +195,7 @@ class EntryMixin:
 
     >>> variables = Dense(2).lazy_init(key, jax.ShapeDtypeStruct((1, 3), jnp.float32))
     """
+    _check_instance(self, 'lazy_init')
     def init_variables(*args, **kwargs):
       return self.init(rngs, *args, method=method, mutable=mutable, **kwargs)
 
@@ -200,6 +208,7 @@ class EntryMixin:
 
     >>> y = Dense(2).apply(variables, jnp.ones((1, 3)))
     """
+    _check_instance(self, 'apply')
     return apply(_unbound_method(self, method), self, mutable, capture_intermediates)(
         variables, *args, rngs=rngs, **kwargs)
 
@@ -210,6 +219,7 @@ class EntryMixin:
     >>> dense = Dense(2).bind(variables)
     >>> y = dense(jnp.ones((1, 3)))
     """
+    _check_instance(self, 'bind')
     del args
     return self.clone(parent=lift.bind(variables, rngs=rngs, mutable=mutable),
                       _deep_clone=True)

@@ -101,6 +101,48 @@ class InvalidMethodError(ModuleError, TypeError):
         'or a function taking the module first (`method=lambda m, x: m.encode(x)`).')
 
 
+class InvalidInstanceModuleError(ModuleError, TypeError):
+  """An entry point (`init`, `apply`, `bind`, ...) was called on a Module class."""
+
+  def __init__(self, entry: str, got):
+    super().__init__(
+        f'`{entry}` got {type(got).__name__} as `self`: it was called on a Module '
+        f'class (`MyModule.{entry}(...)`), not on an instance. Fix: instantiate the '
+        f'module first, `MyModule(...).{entry}(...)`.')
+
+
+class IncorrectPostInitOverrideError(ModuleError, TypeError):
+  """A subclass overrides `__post_init__` without calling `super().__post_init__()`."""
+
+  def __init__(self, cls_name: str):
+    super().__init__(
+        f'`{cls_name}.__post_init__` does not call `super().__post_init__()`, so the '
+        'module was never set up (no scope, name or state). Fix: call '
+        '`super().__post_init__()` in it.')
+
+
+class DescriptorAttributeError(ModuleError, AttributeError):
+  """A property (or other descriptor) of a module raised `AttributeError` itself."""
+
+  def __init__(self, cls_name: str, name: str):
+    super().__init__(
+        f'Reading `{cls_name}.{name}`, a property or descriptor of the class, raised '
+        'AttributeError: its code reads an attribute that does not exist. Fix: '
+        'that code (a misspelled field, or a setup attribute read on a module '
+        'that is not bound).')
+
+
+class MissingPerturbationError(ModuleError, ValueError):
+  """`perturb` found its collection in the variables, but not this perturbation."""
+
+  def __init__(self, collection: str, name: str, path: str):
+    super().__init__(
+        f'perturb("{name}") at "{path}": the variables hold a "{collection}" '
+        f'collection, but it has no "{name}" here, so this value would go '
+        f'unperturbed. Fix: pass the "{collection}" that `init` returned for this '
+        f'model, or leave the collection out to run without perturbations.')
+
+
 class TransformTargetError(ModuleError, TypeError):
   """A lifted transform was given a Module instance (or other non-class, non-function)."""
 

@@ -8,7 +8,9 @@ a scope. Binding happens in three ways, as in Flax:
   module is named (given name, attribute name, or ``ClassName_N``) and bound to
   ``parent.scope.push(name)``;
 * passed in from outside (``parent=None``) as a field or setup attribute: it is
-  cloned and adopted under the attribute name.
+  cloned and adopted under the attribute name (under its own name, if it has
+  one, where the class sets ``preserve_adopted_names = True`` or Flax's config
+  flag ``flax_preserve_adopted_names`` is on).
 
 Every method a subclass defines, private ones included, is wrapped (as in
 Flax) so that ``setup`` runs lazily before it and a ``@compact`` method gets
@@ -22,9 +24,11 @@ import dataclasses
 import functools
 import itertools
 import typing
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from flax import config as flax_config
 from flax.core import FrozenDict
 
 from lift.scope import Scope
@@ -44,6 +48,9 @@ _ids = itertools.count()
 class _Unspecified:
   def __repr__(self):
     return 'UNSPECIFIED_PARENT'
+
+  def __reduce__(self):  # one sentinel, also through copy, deepcopy and pickle
+    return 'UNSPECIFIED'
 
 
 UNSPECIFIED = _Unspecified()
@@ -165,9 +172,9 @@ class Module(VariablesMixin, EntryMixin):
   scope: Scope | None = None
   _state: ModuleState = UNINITIALIZED
 
-  def __init_subclass__(cls, **kwargs):
+  def __init_subclass__(cls, kw_only: bool = False, **kwargs):
     super().__init_subclass__(**kwargs)
-    _make_dataclass(cls)
+    _make_dataclass(cls, kw_only)
     _wrap_local_methods(cls)
 
   # -- construction and binding ---------------------------------------------
@@ -224,17 +231,18 @@ class Module(VariablesMixin, EntryMixin):
     # Outside modules adopted under one root keep their sharing: the same instance
     # passed twice becomes one clone (by instance id), kept on the root scope.
     cache = self.scope.root.client_cache.setdefault('adopted_modules', {})
+    preserve = getattr(type(self), 'preserve_adopted_names', flax_config.flax_preserve_adopted_names)
     queue = []
 
     def adopt(suffix, module):
       if module.parent is None:
         key = module._id
-        if key not in cache:
-          cache[key] = module.clone(name=None)
+        if key not in cache:  # a detached clone; it keeps its own name where preserved
+          cache[key] = module.clone(name=module.name if preserve else None)
         module = cache[key]
-      if module.name is None:
+      if module.name is None or module.parent is None:
         object.__setattr__(module, 'parent', self)
-        object.__setattr__(module, 'name', f'{name}{suffix}')
+        object.__setattr__(module, 'name', module.name or f'{name}{suffix}')
         queue.append(module)
       return module
 
@@ -277,6 +285,8 @@ class Module(VariablesMixin, EntryMixin):
     is_compact = getattr(fun, 'compact', False)
     is_setup = fn_name(fun) == 'setup'
     state, recurrent = self._state, False
+    if state is UNINITIALIZED:
+      raise errors.IncorrectPostInitOverrideError(type(self).__name__)
     if is_setup:
       if self.scope is None:
         raise errors.UnboundModuleError(type(self).__name__, 'Calling setup')
@@ -324,6 +334,8 @@ class Module(VariablesMixin, EntryMixin):
   def __getattr__(self, name: str) -> Any:
     if name.startswith('__'):
       raise AttributeError(name)
+    if any(name in vars(k) for k in type(self).__mro__):  # a property raised AttributeError
+      raise errors.DescriptorAttributeError(type(self).__name__, name)
     self._try_setup()
     if name in self.__dict__:
       return self.__dict__[name]
@@ -390,7 +402,7 @@ def _children(module: Module) -> dict[str, Module]:
   return module.__dict__.setdefault('_Module__children', {})
 
 
-def _make_dataclass(cls: type) -> None:
+def _make_dataclass(cls: type, kw_only: bool) -> None:
   annotations = cls.__dict__.get('__annotations__', {})
   for reserved in ('parent', 'name'):
     if reserved in annotations:
@@ -398,9 +410,30 @@ def _make_dataclass(cls: type) -> None:
   cls.__annotations__ = {**annotations, 'parent': Any, 'name': 'str | None'}
   cls.parent = dataclasses.field(default=UNSPECIFIED, kw_only=True, repr=False, compare=False)
   cls.name = dataclasses.field(default=None, kw_only=True)
-  dataclasses.dataclass(cls, unsafe_hash='__hash__' not in cls.__dict__, repr=True)
+  dataclasses.dataclass(cls, unsafe_hash='__hash__' not in cls.__dict__, repr=True,
+                        kw_only=kw_only)
+  cls.parent = _ParentRef()
   if cls.__hash__ is not None:
     cls.__hash__ = _unbound_only_hash(cls.__hash__)
+
+
+class _ParentRef:
+  """``Module.parent``, held by weak reference when it is a module (as in Flax).
+
+  A parent holds its children (attributes, ``_Module__children``); a strong
+  reference back would make a cycle that keeps the traced values of an
+  ``init`` or ``apply`` alive until the next garbage collection. A module
+  reads its parent only while it is built, when the parent is running.
+  """
+
+  def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+    if obj is None:
+      return UNSPECIFIED
+    parent = obj.__dict__.get('_parent_ref', UNSPECIFIED)
+    return parent() if isinstance(parent, weakref.ref) else parent
+
+  def __set__(self, obj: Any, value: Any):
+    obj.__dict__['_parent_ref'] = weakref.ref(value) if isinstance(value, Module) else value
 
 
 def _unbound_only_hash(hash_fn: Callable[[Any], int]) -> Callable[[Any], int]:

@@ -158,7 +158,9 @@ class VariablesMixin:
     """
     scope = self._bound_scope(f'perturb("{name}")')
     if scope.is_mutable_collection(collection) and not scope.has_variable(collection, name):
-      scope.put_variable(collection, name, jax.numpy.zeros_like(value))
+      scope.put_variable(collection, name, jax.tree.map(jax.numpy.zeros_like, value))
     if scope.has_variable(collection, name):
-      value = value + scope.get_variable(collection, name)
+      return jax.tree.map(jax.numpy.add, value, scope.get_variable(collection, name))
+    if collection in scope.root.variables():  # given, but not for this value: a wrong tree
+      raise errors.MissingPerturbationError(collection, name, scope.path_text)
     return value

@@ -175,3 +175,50 @@ def test_using_a_submodule_after_apply_returned():
   with pytest.raises(InvalidScopeError):
     _ = leaked[0].variables
   assert variables['params']['Dense_0']['kernel'].shape == (3, 2)
+
+
+@pytest.mark.parametrize('entry', ['init', 'init_with_output', 'apply', 'bind'])
+def test_entry_points_called_on_the_class_say_to_instantiate(entry):
+  call = {'init': lambda: Mlp.init(KEY, X), 'init_with_output': lambda: Mlp.init_with_output(KEY, X),
+          'apply': lambda: Mlp.apply({}, X), 'bind': lambda: Mlp.bind({}, X)}[entry]
+  with pytest.raises(errors.InvalidInstanceModuleError,
+                     match=rf'`{entry}` got .* called on a Module class.*MyModule\(...\)\.{entry}'):
+    call()
+
+
+def test_post_init_override_without_super():
+  class Scaled(nn.Module):
+    scale: float
+
+    def __post_init__(self):
+      self.squared = self.scale ** 2  # forgot super().__post_init__()
+
+    @nn.compact
+    def __call__(self, x):
+      return x
+
+  with pytest.raises(errors.IncorrectPostInitOverrideError,
+                     match=r'`Scaled.__post_init__`.*super\(\).__post_init__\(\)'):
+    Scaled(3.0).init(KEY, X)
+
+
+class _Reading:
+  def __get__(self, obj, objtype=None):
+    return obj.missing_attribute
+
+
+@pytest.mark.parametrize('kind', ['property', 'descriptor'])
+def test_a_property_raising_attribute_error_is_named(kind):
+  class Model(nn.Module):
+    if kind == 'property':
+      @property
+      def derived(self):
+        return self.missing_attribute
+    else:
+      derived = _Reading()
+
+    def __call__(self):
+      return self.derived
+
+  with pytest.raises(errors.DescriptorAttributeError, match=r'`Model.derived`, a property'):
+    Model().apply({})

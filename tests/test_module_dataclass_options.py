@@ -1,0 +1,132 @@
+"""Module class options and helpers a Flax user relies on, against flax.linen as oracle:
+``kw_only``, ``preserve_adopted_names``, the unspecified-parent sentinel, ``perturb`` of pytrees."""
+import copy
+import pickle
+
+import flax
+import flax.linen as flax_nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import linen_ext as nn
+from linen_ext import errors
+from linen_ext.module import UNSPECIFIED
+
+KEY = jax.random.key(0)
+X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
+
+
+def assert_same_tree(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize('lib', [nn, flax_nn], ids=['linen_ext', 'flax'])
+def test_kw_only_class_argument_as_python_dataclasses(lib):
+  class Base(lib.Module, kw_only=True):
+    scale: int = -1
+
+  class Child(Base):  # kw_only is not inherited: a required positional field after defaults
+    factor: int
+
+    def __call__(self, x):
+      return x * self.factor * self.scale
+
+  with pytest.raises(TypeError, match='positional argument'):
+    Base(2)
+  np.testing.assert_array_equal(Child(8).apply({}, jnp.ones(2)), -8 * jnp.ones(2))
+
+
+def test_the_unspecified_parent_sentinel_survives_copies():
+  default = [p for p in __import__('inspect').signature(nn.Dense).parameters.values()
+             if p.name == 'parent'][0].default
+  assert default is UNSPECIFIED
+  for copied in (copy.copy(default), copy.deepcopy(default), pickle.loads(pickle.dumps(default))):
+    assert copied is UNSPECIFIED
+  assert copy.deepcopy(nn.Dense(2)).parent is None  # built outside any module
+
+
+def _adopting(lib, preserve):
+  class Leaf(lib.Module):
+    @lib.compact
+    def __call__(self, x):
+      return x + self.param('p', lib.initializers.zeros, x.shape)
+
+  class Holder(lib.Module):
+    sub: lib.Module
+    if preserve is not None:
+      preserve_adopted_names = preserve
+
+    def __call__(self, x):
+      return self.sub(x)
+
+  class Top(lib.Module):
+    sub: lib.Module
+    if preserve is not None:
+      preserve_adopted_names = preserve
+
+    def __call__(self, x):
+      return self.sub(x)
+
+  return Top(Holder(Leaf(name='leaf'), name='holder'))
+
+
+@pytest.mark.parametrize('preserve, flag', [(True, False), (False, True), (None, True),
+                                            (None, False)])
+def test_preserve_adopted_names_as_flax(preserve, flag):
+  """The class attribute wins over Flax's config flag; adopted modules keep their own names."""
+  with flax.config.temp_flip_flag('preserve_adopted_names', flag):
+    ours = _adopting(nn, preserve).init(KEY, X)
+    theirs = _adopting(flax_nn, preserve).init(KEY, X)
+  assert_same_tree(ours, theirs)
+  kept = preserve if preserve is not None else flag
+  assert list(ours['params']) == (['holder'] if kept else ['sub'])
+
+
+def test_preserved_names_still_conflict():
+  class Leaf(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return x + self.param('p', nn.initializers.zeros, x.shape)
+
+  class Pair(nn.Module):
+    first: nn.Module
+    second: nn.Module
+    preserve_adopted_names = True
+
+    def __call__(self, x):
+      return self.second(self.first(x))
+
+  with pytest.raises(errors.NameInUseError, match='"leaf"'):
+    Pair(Leaf(name='leaf'), Leaf(name='leaf')).init(KEY, X)
+
+
+def _perturbed(lib):
+  class Probe(lib.Module):
+    @lib.compact
+    def __call__(self, x):
+      pair = self.perturb('pair', (lib.Dense(2)(x), x))
+      return pair[0].sum() + pair[1].sum()
+  return Probe()
+
+
+def test_perturb_of_a_pytree_and_its_gradient_as_flax():
+  ours, theirs = _perturbed(nn).init(KEY, X), _perturbed(flax_nn).init(KEY, X)
+  assert_same_tree(ours, theirs)
+
+  def grads(lib, variables):
+    loss = lambda p: _perturbed(lib).apply({'params': variables['params'], 'perturbations': p}, X)
+    return jax.grad(loss)(variables['perturbations'])
+
+  assert_same_tree(grads(nn, ours), grads(flax_nn, theirs))
+  np.testing.assert_array_equal(_perturbed(nn).apply({'params': ours['params']}, X),
+                                _perturbed(flax_nn).apply({'params': ours['params']}, X))
+
+
+def test_perturb_with_a_perturbations_collection_that_lacks_the_value():
+  variables = _perturbed(nn).init(KEY, X)
+  with pytest.raises(errors.MissingPerturbationError, match=r'perturb\("pair"\).*no "pair"'):
+    _perturbed(nn).apply({'params': variables['params'], 'perturbations': {}}, X)
