@@ -232,7 +232,8 @@ class Sequential(Module):
   @compact
   def __call__(self, *args, **kwargs):
     if not self.layers:
-      raise ValueError(f'Sequential module {self.name} has no layers.')
+      raise ValueError(f'Empty Sequential module at "{self.scope.path_text}": it has no '
+                       'layers to apply. Fix: pass at least one, e.g. `Sequential([Dense(4)])`.')
     outputs = self.layers[0](*args, **kwargs)
     for layer in self.layers[1:]:
       if isinstance(outputs, tuple):

@@ -222,3 +222,13 @@ def test_a_property_raising_attribute_error_is_named(kind):
 
   with pytest.raises(errors.DescriptorAttributeError, match=r'`Model.derived`, a property'):
     Model().apply({})
+
+
+def test_empty_sequential_names_its_path():
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Sequential([], name='body')(x)
+
+  with pytest.raises(ValueError, match=r'Empty Sequential module at "/body".*Fix'):
+    Model().init(KEY, X)
