@@ -60,9 +60,20 @@ def _unbound_method(module: Any, method: Any) -> Callable[..., Any]:
       raise errors.InvalidMethodError(name)
   if inspect.ismethod(method) and isinstance(method.__self__, EntryMixin):
     method = method.__func__
-  if not callable(method):
+  if not callable(method) or not _takes_an_argument(method):
     raise errors.InvalidMethodError(method)
   return method
+
+
+def _takes_an_argument(fn: Callable[..., Any]) -> bool:
+  """Whether ``fn`` can be called with the module as its one positional argument."""
+  try:
+    inspect.signature(fn).bind_partial(object())
+  except TypeError:
+    return False
+  except ValueError:  # no signature (a builtin): let the call decide
+    return True
+  return True
 
 
 def _scope_fn(module: Any, fn: Callable[..., Any], capture: CaptureFilter):

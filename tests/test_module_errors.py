@@ -232,3 +232,8 @@ def test_empty_sequential_names_its_path():
 
   with pytest.raises(ValueError, match=r'Empty Sequential module at "/body".*Fix'):
     Model().init(KEY, X)
+
+
+def test_apply_method_that_cannot_take_the_module():
+  with pytest.raises(errors.InvalidMethodError, match='a function taking the module first'):
+    Mlp().apply({}, X, method=lambda: True)
