@@ -193,7 +193,9 @@ class SelfAttention(FlaxLayer):
   flax_class = flax_nn.SelfAttention
 
 
-MultiHeadAttention = MultiHeadDotProductAttention
+class MultiHeadAttention(FlaxLayer):
+  """`flax.linen.MultiHeadAttention`: `MultiHeadDotProductAttention` under its own auto-name."""
+  flax_class = flax_nn.MultiHeadAttention
 
 
 class Dropout(Module):

@@ -61,7 +61,19 @@ LAYERS = {
     'ConvLocal': lambda nn: nn.ConvLocal(3, (2,)),
     'Einsum': lambda nn: nn.Einsum((4, 5), 'abc,cd->abd'),
     'PReLU': lambda nn: nn.PReLU(negative_slope_init=0.2),
+    'MultiHeadAttention': lambda nn: nn.MultiHeadAttention(num_heads=2, qkv_features=4),
 }
+
+
+def test_every_exported_layer_is_named_as_flax():
+  """A layer's automatic name is its class name: an alias would move its variables."""
+  import inspect
+  for name in dir(nn):
+    ours, theirs = getattr(nn, name), getattr(flax_nn, name, None)
+    if inspect.isclass(ours) and issubclass(ours, nn.Module) and inspect.isclass(theirs):
+      assert ours.__name__ == theirs.__name__ == name
+
+
 @pytest.mark.parametrize('name', sorted(LAYERS))
 def test_ready_made_layer_matches_flax(name):
   """Two calls of one layer: the second continues the draw counts of its scope and children."""
