@@ -37,8 +37,9 @@ def _mapped_mutable(scope_tree: Any, mapped: Filter) -> bool:
   return any(not is_filter_empty(intersect_filters(s.mutable, mapped)) for s in scopes)
 
 
-def _init_pass(fn, config: _MapConfig, scope_fn, repack_fn, groups, rng_groups, args, kwargs):
-  """Runs ``fn`` once on the stored form so it can create mapped variables; rewinds the rngs.
+def _init_pass(fn, config: _MapConfig, scope_fn, repack_fn, groups, rng_groups, args, kwargs,
+               passes: _counters.SharedStart):
+  """Runs ``fn`` once on the stored form so it can create mapped variables.
 
   ``map_out_fn`` sees every mapped collection: the mutable ones as the pass left
   them, the immutable ones as stored (Flax drops those, so the second pass misses them).
@@ -46,26 +47,31 @@ def _init_pass(fn, config: _MapConfig, scope_fn, repack_fn, groups, rng_groups, 
   scope_tree = scope_fn(groups, rng_groups)
   if not _mapped_mutable(scope_tree, config.mapped_collections):
     return groups[0]
-  nodes = _counters.counter_roots(scope_tree)
-  start = [_counters.snapshot(node) for node in nodes]
+  passes.begin(scope_tree)
   fn(scope_tree, *args, **kwargs)
+  passes.end()
   target, _ = repack_fn(scope_tree)
-  for node, snap in zip(nodes, start):
-    _counters.restore(node, snap)
   return tuple(config.map_out_fn({**stored, **created})
                for stored, created in zip(groups[0], target))
 
 
 def _map_groups(fn, config: _MapConfig, scope_fn, repack_fn, variable_groups, rng_groups,
                 *args, **kwargs):
+  # Both passes draw from the same counters (the keys of untransformed code), which
+  # end where the one that drew more left them, so later keys are fresh either way.
+  passes = _counters.SharedStart()
   target, rest = variable_groups
   if config.init:
-    target = _init_pass(fn, config, scope_fn, repack_fn, variable_groups, rng_groups, args, kwargs)
+    target = _init_pass(fn, config, scope_fn, repack_fn, variable_groups, rng_groups, args,
+                        kwargs, passes)
   target = tuple(config.map_in_fn(x) for x in target)
   target_out = config.init or config.mutable
   inner_mutable = True if target_out else subtract_filters(True, config.mapped_collections)
   scope_tree = scope_fn((target, rest), rng_groups, mutable_filter=inner_mutable)
+  passes.begin(scope_tree)
   y = fn(scope_tree, *args, **kwargs)
+  passes.end()
+  passes.finish()
   out_target, out_rest = repack_fn(scope_tree)
   if target_out:
     out_target = tuple(config.map_out_fn(x) for x in out_target)

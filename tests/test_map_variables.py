@@ -160,3 +160,35 @@ def test_init_pass_keeps_the_immutable_mapped_collections():
   y_flax, flax_all = flax_apply(flax_mapped, mutable=True)(variables, X)
   np.testing.assert_allclose(y, y_flax, rtol=1e-6)
   assert_trees_close(stats_only['stats'], dict(flax_all)['stats'])
+
+
+def test_counters_after_an_init_pass_count_its_draws_as_flax():
+  """The init pass draws the parameter's key; later draws at that scope must not repeat it."""
+  def program(init, map_variables):
+    def run(scope, x):
+      mapped = map_variables(linear, 'params', init=True)
+      y = mapped(scope, x, 3)
+      return y, jax.random.key_data(scope.make_rng('params'))
+    return init(run)(RNGS, X)
+
+  (_, ours), _ = program(lift.init, lift.map_variables)
+  (_, theirs), _ = program(flax_init, flax_lift.map_variables)
+  np.testing.assert_array_equal(ours, theirs)
+
+
+def test_map_variables_with_init_inside_scan_as_flax():
+  def step(scope, c, x, map_variables):
+    dense = map_variables(linear, 'params', init=True)
+    return jnp.tanh(dense(scope.push('dense'), c + x, 4)), None
+
+  def run(scan, map_variables):
+    def model(scope, xs):
+      body = scan(lambda s, c, x: step(s, c, x, map_variables), variable_axes={'params': 0},
+                  split_rngs={'params': True})
+      return body(scope, xs[0], xs)[0]
+    return model
+
+  xs = jnp.stack([X, X, X])
+  ours = lift.init(run(lift.scan, lift.map_variables))(RNGS, xs)
+  theirs = flax_init(run(flax_lift.scan, flax_lift.map_variables))(RNGS, xs)
+  assert_trees_close(ours, theirs)
