@@ -39,8 +39,10 @@ from linen_ext.layers import (BatchNorm, Conv, ConvLocal, ConvLSTMCell, ConvTran
                               MGUCell, MultiHeadAttention, MultiHeadDotProductAttention,
                               OptimizedLSTMCell, PReLU, RMSNorm, SelfAttention, Sequential,
                               SimpleCell)
-from linen_ext.module import Module, compact, nowrap, share_scope
+from linen_ext.module import Module, compact, compact_name_scope, nowrap, share_scope
 from linen_ext.interception import InterceptorContext, intercept_methods
+from linen_ext.named_call import disable_named_call, enable_named_call, override_named_call
+from linen_ext.normalization import SpectralNorm, WeightNorm
 from linen_ext.summary import tabulate
 from linen_ext.recurrent import RNN, Bidirectional, RNNCellBase, flip_sequences
 from linen_ext.variables_api import tuple_init, tuple_reduce

@@ -46,6 +46,8 @@ def _class_attribute(cls: type, name: str) -> Any:
 def _check_instance(module: Any, entry: str):
   if not isinstance(module, EntryMixin):  # e.g. `Model.init(key, x)`: the key became `self`
     raise errors.InvalidInstanceModuleError(entry, module)
+  if '_id' not in module.__dict__:  # Module.__post_init__ never ran
+    raise errors.IncorrectPostInitOverrideError(type(module).__name__)
 
 
 def _unbound_method(module: Any, method: Any) -> Callable[..., Any]:

@@ -29,6 +29,7 @@ itself. So:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
@@ -43,7 +44,7 @@ from lift.filters import DenyList, Filter, union_filters
 from lift.rng import RngCounters
 from lift.scope import Scope, copy_structure
 
-from linen_ext import errors
+from linen_ext import errors, named_call
 from linen_ext._state import context
 from linen_ext.module import Module, nowrap
 
@@ -69,7 +70,14 @@ def _root_method(module: flax_nn.Module, call: FlaxCall) -> Any:
   """Runs ``call`` on ``module``, flax's root (the ``method=`` of flax's ``init``/``apply``)."""
   _put_existing(module.scope, call.existing)
   method = getattr(module, call.method)
-  return _run_counted(module.scope, call, lambda: method(*call.args, **call.kwargs))
+  return _run_counted(module.scope, call, lambda: _named(method, call))
+
+
+def _named(method, call: FlaxCall) -> Any:
+  """The flax module's own call, under flax's named scopes where ours are on (the
+  scaffolding around it, run with them off, adds none)."""
+  with flax_nn.override_named_call(named_call.enabled()):
+    return method(*call.args, **call.kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +103,7 @@ class _Group(flax_nn.Module):
   def __call__(self, call: FlaxCall):
     _put_existing(self.scope, call.existing)
     target = call.target.bind(self)
-    return _run_counted(self.scope, call, lambda: getattr(target, call.method)(*call.args,
-                                                                              **call.kwargs))
+    return _run_counted(self.scope, call, lambda: _named(getattr(target, call.method), call))
 
 
 def _run_counted(flax_scope: Any, call: FlaxCall, run) -> Any:
@@ -280,21 +287,27 @@ def _run_root(scope: Scope, members: Mapping[str, Scope] | None, base: tuple[str
   else:
     root, method = (_Path(base) if base else _Group()), None
   capture = _capture_filter()
-  if initializing:
-    mutable = to_flax_filter(union_filters(scope.mutable, set(existing)))
-    y, out = root.init_with_output(rngs, call, method=method, mutable=mutable,
-                                   capture_intermediates=capture)
-  elif scope.mutable is False:
-    variables = {col: _nest(base, tree) for col, tree in existing.items()}
-    return root.apply(variables, call, rngs=rngs or None, method=method)
-  else:
-    variables = {col: _nest(base, tree) for col, tree in existing.items()}
-    y, out = root.apply(variables, call, rngs=rngs or None, method=method,
-                        mutable=to_flax_filter(scope.mutable), capture_intermediates=capture)
+  with flax_nn.override_named_call(False):
+    y, out = _run_flax_entry(root, method, scope, call, base, existing, rngs, initializing,
+                             capture)
   for col, tree in out.items():
     if scope.is_mutable_collection(col):
       _write(scope, members, col, _at(base, tree))
   return y
+
+
+def _run_flax_entry(root, method, scope: Scope, call: FlaxCall, base: tuple[str, ...],
+                    existing: dict, rngs: dict, initializing: bool, capture) -> tuple[Any, dict]:
+  """flax's ``init_with_output`` or ``apply`` of ``root``: ``(y, mutated collections)``."""
+  if initializing:
+    mutable = to_flax_filter(union_filters(scope.mutable, set(existing)))
+    return root.init_with_output(rngs, call, method=method, mutable=mutable,
+                                 capture_intermediates=capture)
+  variables = {col: _nest(base, tree) for col, tree in existing.items()}
+  if scope.mutable is False:
+    return root.apply(variables, call, rngs=rngs or None, method=method), {}
+  return root.apply(variables, call, rngs=rngs or None, method=method,
+                    mutable=to_flax_filter(scope.mutable), capture_intermediates=capture)
 
 
 def _flatten(wrappers: Sequence['FlaxModule']) -> list['FlaxModule']:
@@ -343,6 +356,10 @@ class FlaxModule(Module):
 
   def _capture(self, method_name, y):
     del method_name, y  # flax captures the wrapped module's own intermediates
+
+  def _named_scope(self, method_name):
+    del method_name  # flax names the module's calls (and its submodules') itself
+    return contextlib.nullcontext()
 
   def __call__(self, *args, **kwargs):
     scope = self._bound_scope(f'Calling flax `{type(self.module).__name__}`')

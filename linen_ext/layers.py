@@ -8,6 +8,7 @@ continues the scope's counter across repeated calls exactly as flax does.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -58,6 +59,10 @@ class FlaxLayer(Module):
 
   def _capture(self, method_name, y):
     del method_name, y  # flax captures the layer's own intermediates
+
+  def _named_scope(self, method_name):
+    del method_name  # flax names the layer's calls (and its submodules') itself
+    return contextlib.nullcontext()
 
   @nowrap
   def _run(self, method: str, args: tuple, kwargs: dict) -> Any:

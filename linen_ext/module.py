@@ -20,6 +20,7 @@ methods; automatic names continue across nested calls of them.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -28,12 +29,13 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+import jax
 from flax import config as flax_config
 from flax.core import FrozenDict
 
 from lift.scope import Scope
 
-from linen_ext import errors
+from linen_ext import errors, named_call
 from linen_ext._state import UNINITIALIZED, ModuleState, SetupState, context
 from linen_ext.interception import run_intercepted
 from linen_ext.variables_api import VariablesMixin
@@ -66,6 +68,35 @@ def compact(fun: F) -> F:
   """
   fun.compact = True  # type: ignore[attr-defined]
   return fun
+
+
+def compact_name_scope(fun: F) -> F:
+  """Runs a method like a ``compact`` one of its own submodule named after it (as Flax's).
+
+  Submodules created inline go below the method's name; the method still
+  gets the module itself as ``self``.
+
+  >>> class Model(Module):
+  ...   @compact_name_scope
+  ...   def encode(self, x):
+  ...     return Dense(3)(x)   # params at 'encode/Dense_0'
+  ...   def __call__(self, x):
+  ...     return self.encode(x)
+  """
+  name = fun.__name__
+
+  @functools.wraps(fun)
+  def run_in_scope(self, *args, **kwargs):
+    self._try_setup()
+    scopes = self.__dict__.get('_compact_name_scopes')
+    if scopes is None:
+      raise errors.UnboundModuleError(type(self).__name__, f'Calling "{name}"')
+    return scopes[name](*args, **kwargs)
+
+  run_in_scope.compact_name_scope = True  # type: ignore[attr-defined]
+  run_in_scope.inner_fun = fun  # type: ignore[attr-defined]
+  run_in_scope.nowrap = True  # type: ignore[attr-defined]
+  return typing.cast(F, run_in_scope)
 
 
 def nowrap(fun: F) -> F:
@@ -171,10 +202,14 @@ class Module(VariablesMixin, EntryMixin):
   name: str | None = dataclasses.field(default=None, kw_only=True)
   scope: Scope | None = None
   _state: ModuleState = UNINITIALIZED
+  _compact_name_scope_methods: tuple[str, ...] = ()  # set per subclass
 
   def __init_subclass__(cls, kw_only: bool = False, **kwargs):
     super().__init_subclass__(**kwargs)
     _make_dataclass(cls, kw_only)
+    cls._compact_name_scope_methods = tuple(sorted(
+        {name for klass in cls.__mro__ for name, attr in vars(klass).items()
+         if getattr(attr, 'compact_name_scope', False)}))
     _wrap_local_methods(cls)
 
   # -- construction and binding ---------------------------------------------
@@ -261,10 +296,17 @@ class Module(VariablesMixin, EntryMixin):
         self._register_submodules(field.name, getattr(self, field.name))
       if not shallow:
         self.setup()
+        self._add_compact_name_scopes()
     finally:
       state.in_setup = False
       if not shallow:
         state.setup_called = SetupState.DONE
+
+  def _add_compact_name_scopes(self) -> None:
+    scopes = {name: CompactNameScope(getattr(type(self), name).inner_fun, weakref.ref(self),
+                                     parent=self, name=name)
+              for name in type(self)._compact_name_scope_methods}
+    object.__setattr__(self, '_compact_name_scopes', scopes)
 
   def setup(self) -> None:
     """Defines submodules and variables lazily; runs before the first method call.
@@ -285,8 +327,6 @@ class Module(VariablesMixin, EntryMixin):
     is_compact = getattr(fun, 'compact', False)
     is_setup = fn_name(fun) == 'setup'
     state, recurrent = self._state, False
-    if state is UNINITIALIZED:
-      raise errors.IncorrectPostInitOverrideError(type(self).__name__)
     if is_setup:
       if self.scope is None:
         raise errors.UnboundModuleError(type(self).__name__, 'Calling setup')
@@ -300,10 +340,11 @@ class Module(VariablesMixin, EntryMixin):
       recurrent, state.in_compact_method = state.in_compact_method, True
     context.module_stack.append(self)
     try:
-      if context.interceptors:
-        y = run_intercepted(fun, self, fn_name(fun), args, kwargs)
-      else:
-        y = fun(self, *args, **kwargs)
+      with self._named_scope(fn_name(fun)):
+        if context.interceptors:
+          y = run_intercepted(fun, self, fn_name(fun), args, kwargs)
+        else:
+          y = fun(self, *args, **kwargs)
       self._capture(fn_name(fun), y)
       return y
     finally:
@@ -312,6 +353,12 @@ class Module(VariablesMixin, EntryMixin):
         object.__setattr__(self, 'scope', self.scope.rewound())
       if (is_compact or is_setup) and not recurrent:
         state.reset()
+
+  def _named_scope(self, method_name: str) -> contextlib.AbstractContextManager:
+    """The profiling scope of a method call (see `named_call`); flax wrappers leave it to flax."""
+    if not named_call.enabled():
+      return contextlib.nullcontext()
+    return jax.named_scope(named_call.scope_name(self, method_name))
 
   def _capture(self, method_name: str, y: Any):
     capture = context.capture_stack[-1] if context.capture_stack else None
@@ -466,6 +513,16 @@ def _wrap_local_methods(cls: type) -> None:
     if callable(attr) and not isinstance(attr, (type, staticmethod, classmethod)) \
         and not getattr(attr, 'nowrap', False):
       setattr(cls, key, wrap_method(attr))
+
+
+class CompactNameScope(Module):
+  """The submodule a `compact_name_scope` method runs in: ``fn(module, ...)`` as its compact call."""
+  fn: Callable[..., Any]
+  module_ref: Callable[[], Module]  # a weak reference: the module holds this submodule
+
+  @compact
+  def __call__(self, *args, **kwargs):
+    return self.fn(self.module_ref(), *args, **kwargs)
 
 
 def share_scope(module: Module, other: Module, /) -> None:

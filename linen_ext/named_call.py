@@ -1,0 +1,59 @@
+"""Module method calls under `jax.named_scope`, for profiles (Flax's ``named_call``).
+
+While enabled, a method call of a module runs inside ``jax.named_scope(name)``,
+``name`` being the module's name (or class name) with ``.method`` for methods
+other than ``__call__``: a profile or an HLO dump then shows ``Block_0/Dense_1``
+instead of anonymous ``dot_general``s. On by default, as Flax's
+``flax_profile`` flag (whose value it starts from).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from flax import config as flax_config
+
+_enabled = [bool(flax_config.flax_profile)]
+
+
+def enabled() -> bool:
+  return _enabled[0]
+
+
+def enable_named_call():
+  """Runs module methods under ``jax.named_scope`` from now on.
+
+  >>> enable_named_call()
+  """
+  _enabled[0] = True
+
+
+def disable_named_call():
+  """Stops running module methods under ``jax.named_scope``.
+
+  >>> disable_named_call()
+  """
+  _enabled[0] = False
+
+
+@contextlib.contextmanager
+def override_named_call(enable: bool = True) -> Iterator[None]:
+  """Enables (or disables) named scopes inside a ``with`` block only.
+
+  >>> with override_named_call(False):
+  ...   y = model.apply(variables, x)
+  """
+  previous, _enabled[0] = _enabled[0], enable
+  try:
+    yield
+  finally:
+    _enabled[0] = previous
+
+
+def scope_name(module, method_name: str) -> str:
+  """``Dense_0``, or ``Model.encode`` for a method other than ``__call__``."""
+  suffix = '' if method_name == '__call__' else f'.{method_name}'
+  return f'{module.name or type(module).__name__}{suffix}'
+
+
+__all__ = ['enable_named_call', 'disable_named_call', 'override_named_call']

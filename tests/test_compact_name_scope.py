@@ -1,0 +1,87 @@
+"""`compact_name_scope`: a method whose inline submodules sit below its name, as Flax's."""
+import flax.linen as flax_nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import linen_ext as nn
+
+KEY = jax.random.key(0)
+X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
+
+
+def assert_same(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6)
+
+
+def make(lib, call_kind):
+  class Model(lib.Module):
+    width: int = 4
+
+    def setup(self):
+      self.shared = lib.Dense(self.width)
+
+    @lib.compact_name_scope
+    def up(self, x):
+      return self.shared(lib.Dense(self.width)(x))
+
+    @lib.compact_name_scope
+    def down(self, x):
+      return lib.Dense(3)(self.up(x))  # nested: 'up' stays at the top level
+
+    def plain(self, x):
+      return self.down(x) + self.up(x).sum()
+
+    @lib.compact
+    def compact(self, x):
+      return self.down(x) + lib.Dense(3)(x)
+
+  model = Model()
+  method = {'plain': Model.plain, 'compact': Model.compact}[call_kind]
+  return model, method
+
+
+@pytest.mark.parametrize('call_kind', ['plain', 'compact'])
+def test_variables_and_outputs_as_flax(call_kind):
+  ours, method = make(nn, call_kind)
+  theirs, flax_method = make(flax_nn, call_kind)
+  v_ours = ours.init(KEY, X, method=method)
+  v_theirs = theirs.init(KEY, X, method=flax_method)
+  assert_same(v_ours, v_theirs)
+  assert {'up', 'down', 'shared'} <= set(v_ours['params'])
+  assert_same(ours.apply(v_ours, X, method=method), theirs.apply(v_theirs, X, method=flax_method))
+  for name in ('up', 'down'):  # run on their own through `method=`
+    assert_same(ours.apply(v_ours, X, method=name), theirs.apply(v_theirs, X, method=name))
+  assert type(ours)._compact_name_scope_methods == ('down', 'up')
+
+
+@pytest.mark.parametrize('transform', ['jit', 'remat', 'vmap'])
+def test_inside_lifted_transforms_as_flax(transform):
+  def wrap(lib, cls):
+    if transform == 'vmap':
+      return lib.vmap(cls, variable_axes={'params': 0}, split_rngs={'params': True},
+                      methods=['plain'])
+    return getattr(lib, transform)(cls, methods=['plain'])
+
+  def build(lib):
+    model, _ = make(lib, 'plain')
+    return wrap(lib, type(model))()
+
+  xs = jnp.stack([X, X]) if transform == 'vmap' else X
+  v_ours = build(nn).init(KEY, xs, method='plain')
+  v_theirs = build(flax_nn).init(KEY, xs, method='plain')
+  if transform == 'jit':  # by design our jit draws the un-jitted keys, Flax's forks them
+    assert jax.tree.map(jnp.shape, v_ours) == jax.tree.map(jnp.shape, v_theirs)
+    v_ours = v_theirs
+  assert_same(v_ours, v_theirs)
+  assert_same(build(nn).apply(v_ours, xs, method='plain'),
+              build(flax_nn).apply(v_theirs, xs, method='plain'))
+
+
+def test_calling_it_on_an_unbound_module_says_so():
+  model, _ = make(nn, 'plain')
+  with pytest.raises(nn.errors.UnboundModuleError, match='Calling "up"'):
+    model.up(X)
