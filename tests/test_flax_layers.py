@@ -4,6 +4,7 @@ Oracle: the same model with flax.linen modules. Variables, rng keys (dropout
 masks), mutable collections and captured intermediates must be identical,
 also inside lifted transforms.
 """
+import inspect
 
 import flax.linen as flax_nn
 import jax
@@ -67,7 +68,6 @@ LAYERS = {
 
 def test_every_exported_layer_is_named_as_flax():
   """A layer's automatic name is its class name: an alias would move its variables."""
-  import inspect
   for name in dir(nn):
     ours, theirs = getattr(nn, name), getattr(flax_nn, name, None)
     if inspect.isclass(ours) and issubclass(ours, nn.Module) and inspect.isclass(theirs):

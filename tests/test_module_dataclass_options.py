@@ -1,6 +1,7 @@
 """Module class options and helpers a Flax user relies on, against flax.linen as oracle:
 ``kw_only``, ``preserve_adopted_names``, the unspecified-parent sentinel, ``perturb`` of pytrees."""
 import copy
+import inspect
 import pickle
 
 import flax
@@ -41,20 +42,22 @@ def test_kw_only_class_argument_as_python_dataclasses(lib):
 
 
 def test_the_unspecified_parent_sentinel_survives_copies():
-  default = [p for p in __import__('inspect').signature(nn.Dense).parameters.values()
-             if p.name == 'parent'][0].default
+  default = inspect.signature(nn.Dense).parameters['parent'].default
   assert default is UNSPECIFIED
   for copied in (copy.copy(default), copy.deepcopy(default), pickle.loads(pickle.dumps(default))):
     assert copied is UNSPECIFIED
   assert copy.deepcopy(nn.Dense(2)).parent is None  # built outside any module
 
 
-def _adopting(lib, preserve):
+def _leaf(lib):
   class Leaf(lib.Module):
     @lib.compact
     def __call__(self, x):
       return x + self.param('p', lib.initializers.zeros, x.shape)
+  return Leaf
 
+
+def _adopting(lib, preserve):
   class Holder(lib.Module):
     sub: lib.Module
     if preserve is not None:
@@ -63,15 +66,7 @@ def _adopting(lib, preserve):
     def __call__(self, x):
       return self.sub(x)
 
-  class Top(lib.Module):
-    sub: lib.Module
-    if preserve is not None:
-      preserve_adopted_names = preserve
-
-    def __call__(self, x):
-      return self.sub(x)
-
-  return Top(Holder(Leaf(name='leaf'), name='holder'))
+  return Holder(Holder(_leaf(lib)(name='leaf'), name='holder'))
 
 
 @pytest.mark.parametrize('preserve, flag', [(True, False), (False, True), (None, True),
@@ -87,11 +82,6 @@ def test_preserve_adopted_names_as_flax(preserve, flag):
 
 
 def test_preserved_names_still_conflict():
-  class Leaf(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      return x + self.param('p', nn.initializers.zeros, x.shape)
-
   class Pair(nn.Module):
     first: nn.Module
     second: nn.Module
@@ -101,7 +91,7 @@ def test_preserved_names_still_conflict():
       return self.second(self.first(x))
 
   with pytest.raises(errors.NameInUseError, match='"leaf"'):
-    Pair(Leaf(name='leaf'), Leaf(name='leaf')).init(KEY, X)
+    Pair(_leaf(nn)(name='leaf'), _leaf(nn)(name='leaf')).init(KEY, X)
 
 
 def _perturbed(lib):

@@ -4,7 +4,6 @@ Passing checks are plain tests; the SPEC/Flax discrepancies found by the audit
 are strict xfails, so this file passes now and flips when they are fixed.
 """
 import dataclasses
-import functools
 import hashlib
 import inspect
 import itertools
@@ -21,7 +20,6 @@ from jax import lax
 
 import lift
 import linen_ext
-from lift import filters as lfilters
 from lift import loops
 
 KEY = jax.random.key(0)
