@@ -5,9 +5,19 @@ how to fix it.
 """
 from __future__ import annotations
 
+from flax import errors as flax_errors
+
 
 class LiftError(Exception):
-  """Base class of every error raised by `lift`."""
+  """Base class of every error raised by `lift`.
+
+  Where Flax raises an error for the same misuse, ours also derives from
+  Flax's class (``MissingParamError`` is a ``flax.errors.ScopeParamNotFoundError``),
+  so code that catches Flax's errors keeps working; the message is ours.
+  """
+
+  def __init__(self, *args):
+    Exception.__init__(self, *args)  # not FlaxError's, which appends a link to its docs
 
 
 class ScanConversionError(LiftError):
@@ -23,7 +33,7 @@ def _path_text(path) -> str:
   return path if isinstance(path, str) else '/' + '/'.join(path)
 
 
-class InvalidScopeError(LiftError):
+class InvalidScopeError(LiftError, flax_errors.InvalidScopeError):
   """A scope or variable was used after the transform or `apply` that made it returned."""
 
   def __init__(self, path):
@@ -36,7 +46,7 @@ class InvalidScopeError(LiftError):
     self.path = path
 
 
-class MissingParamError(LiftError):
+class MissingParamError(LiftError, flax_errors.ScopeParamNotFoundError):
   """A parameter does not exist and 'params' is not mutable, so it cannot be created."""
 
   def __init__(self, name, path):
@@ -49,7 +59,7 @@ class MissingParamError(LiftError):
     self.name, self.path = name, path
 
 
-class MissingVariableError(LiftError):
+class MissingVariableError(LiftError, flax_errors.ScopeVariableNotFoundError):
   """A variable does not exist and cannot be created (no init_fn, or immutable collection)."""
 
   def __init__(self, col, name, path):
@@ -61,7 +71,7 @@ class MissingVariableError(LiftError):
     self.collection, self.name, self.path = col, name, path
 
 
-class MissingCollectionError(LiftError):
+class MissingCollectionError(LiftError, flax_errors.ScopeCollectionNotFound):
   """A variable was requested from a collection that is absent and immutable."""
 
   def __init__(self, col, name, path):
@@ -74,7 +84,7 @@ class MissingCollectionError(LiftError):
     self.collection, self.name, self.path = col, name, path
 
 
-class ParamShapeError(LiftError):
+class ParamShapeError(LiftError, flax_errors.ScopeParamShapeError):
   """An existing parameter's shape differs from the shape its init_fn would produce."""
 
   def __init__(self, name, path, existing_shape, expected_shape):
@@ -88,7 +98,7 @@ class ParamShapeError(LiftError):
     self.existing_shape, self.expected_shape = existing_shape, expected_shape
 
 
-class ImmutableCollectionError(LiftError):
+class ImmutableCollectionError(LiftError, flax_errors.ModifyScopeVariableError):
   """A write to a variable whose collection is not mutable."""
 
   def __init__(self, col, name, path):
@@ -101,7 +111,7 @@ class ImmutableCollectionError(LiftError):
     self.collection, self.name, self.path = col, name, path
 
 
-class UnknownRngError(LiftError):
+class UnknownRngError(LiftError, flax_errors.InvalidRngError):
   """`make_rng` asked for a stream that this scope does not have."""
 
   def __init__(self, rng_name, path, available):
@@ -114,7 +124,7 @@ class UnknownRngError(LiftError):
     self.rng_name, self.path = rng_name, path
 
 
-class NameInUseError(LiftError, ValueError):
+class NameInUseError(LiftError, ValueError, flax_errors.NameInUseError):
   """A child scope or variable name is already taken in this scope."""
 
   def __init__(self, name, path, col=None):
@@ -127,7 +137,7 @@ class NameInUseError(LiftError, ValueError):
     self.name, self.path = name, path
 
 
-class InvalidFilterError(LiftError, TypeError):
+class InvalidFilterError(LiftError, TypeError, flax_errors.InvalidFilterError):
   """A filter is not a bool, a string, a collection of strings or a DenyList."""
 
   def __init__(self, filter_like):
@@ -170,11 +180,13 @@ class UnliftedCollectionError(UnmappedCollectionError, ImmutableCollectionError)
     self.collections = (col,)
 
 
-class InvalidVariablesError(LiftError, TypeError):
+class InvalidVariablesError(LiftError, TypeError,
+                            flax_errors.ApplyScopeInvalidVariablesTypeError,
+                            flax_errors.ApplyScopeInvalidVariablesStructureError):
   """The variables passed to `apply`/`bind` are not a `{collection: {name: value}}` dict."""
 
 
-class InvalidRngsError(LiftError, TypeError):
+class InvalidRngsError(LiftError, TypeError, flax_errors.InvalidRngError):
   """The `rngs` argument is not a PRNG key or a dict of named PRNG keys."""
 
 

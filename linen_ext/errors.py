@@ -1,8 +1,11 @@
-"""Errors raised by `linen_ext`. Every class derives from `ModuleError` (a `LiftError`).
+"""Errors raised by `linen_ext`. Every class derives from `ModuleError` (a `LiftError`),
+and, where Flax raises an error for the same misuse, from Flax's class too.
 
 Messages say what failed (the module class, name or argument), why, and the fix.
 """
 from __future__ import annotations
+
+from flax import errors as flax_errors
 
 from lift.errors import LiftError
 
@@ -18,14 +21,17 @@ _UNBOUND = (
     'it: `module.bind(variables)`.')
 
 
-class UnboundModuleError(ModuleError):
+class UnboundModuleError(ModuleError, ValueError, flax_errors.CallCompactUnboundModuleError,
+                         flax_errors.CallSetupUnboundModuleError,
+                         flax_errors.CallUnbindOnUnboundModuleError,
+                         flax_errors.CallShareScopeOnUnboundModuleError):
   """A module was used (called, asked for variables or rngs) outside `init`/`apply`."""
 
   def __init__(self, cls_name: str, what: str):
     super().__init__(_UNBOUND.format(what=what, cls=cls_name))
 
 
-class NameInUseError(ModuleError, ValueError):
+class NameInUseError(ModuleError, ValueError, flax_errors.NameInUseError):
   """Two submodules, or a submodule and a variable, claim one name in one module."""
 
   def __init__(self, kind: str, name: str, parent_cls: str, path: tuple[str, ...]):
@@ -38,7 +44,7 @@ class NameInUseError(ModuleError, ValueError):
     self.name, self.path = name, tuple(path)
 
 
-class ReservedNameError(ModuleError, TypeError):
+class ReservedNameError(ModuleError, TypeError, flax_errors.ReservedModuleAttributeError):
   """A Module subclass declares `parent` or `name` as its own field."""
 
   def __init__(self, cls_name: str, field: str):
@@ -48,7 +54,8 @@ class ReservedNameError(ModuleError, TypeError):
         'arguments). Fix: rename the field, e.g. `layer_name: str`.')
 
 
-class FrozenModuleError(ModuleError, AttributeError):
+class FrozenModuleError(ModuleError, AttributeError,
+                        flax_errors.SetAttributeFrozenModuleError):
   """An attribute of a module was set outside `setup`."""
 
   def __init__(self, cls_name: str, attr: str):
@@ -58,7 +65,8 @@ class FrozenModuleError(ModuleError, AttributeError):
         'in `setup()`, or make a modified copy with `module.clone(' f'{attr}=...)`.')
 
 
-class SetupFieldAssignmentError(ModuleError, AttributeError):
+class SetupFieldAssignmentError(ModuleError, AttributeError,
+                                flax_errors.SetAttributeInModuleSetupError):
   """`setup` assigned to a dataclass field."""
 
   def __init__(self, cls_name: str, attr: str):
@@ -69,7 +77,7 @@ class SetupFieldAssignmentError(ModuleError, AttributeError):
         'derived value under another attribute name in `setup`.')
 
 
-class SubmoduleOutsideSetupError(ModuleError):
+class SubmoduleOutsideSetupError(ModuleError, flax_errors.AssignSubModuleError):
   """A submodule or variable was created in a method that is neither `setup` nor `@compact`."""
 
   def __init__(self, cls_name: str, what: str):
@@ -91,7 +99,7 @@ class InvalidParentError(ModuleError, TypeError):
         '`init`/`apply` only.')
 
 
-class InvalidMethodError(ModuleError, TypeError):
+class InvalidMethodError(ModuleError, TypeError, flax_errors.ApplyModuleInvalidMethodError):
   """`apply(..., method=...)` is neither a method name nor a callable taking the module."""
 
   def __init__(self, method):
@@ -101,7 +109,8 @@ class InvalidMethodError(ModuleError, TypeError):
         'or a function taking the module first (`method=lambda m, x: m.encode(x)`).')
 
 
-class InvalidInstanceModuleError(ModuleError, TypeError):
+class InvalidInstanceModuleError(ModuleError, TypeError,
+                                 flax_errors.InvalidInstanceModuleError):
   """An entry point (`init`, `apply`, `bind`, ...) was called on a Module class."""
 
   def __init__(self, entry: str, got):
@@ -111,7 +120,8 @@ class InvalidInstanceModuleError(ModuleError, TypeError):
         f'module first, `MyModule(...).{entry}(...)`.')
 
 
-class IncorrectPostInitOverrideError(ModuleError, TypeError):
+class IncorrectPostInitOverrideError(ModuleError, TypeError,
+                                     flax_errors.IncorrectPostInitOverrideError):
   """A subclass overrides `__post_init__` without calling `super().__post_init__()`."""
 
   def __init__(self, cls_name: str):
@@ -121,7 +131,8 @@ class IncorrectPostInitOverrideError(ModuleError, TypeError):
         '`super().__post_init__()` in it.')
 
 
-class DescriptorAttributeError(ModuleError, AttributeError):
+class DescriptorAttributeError(ModuleError, AttributeError,
+                               flax_errors.DescriptorAttributeError):
   """A property (or other descriptor) of a module raised `AttributeError` itself."""
 
   def __init__(self, cls_name: str, name: str):
@@ -143,7 +154,7 @@ class MissingPerturbationError(ModuleError, ValueError):
         f'model, or leave the collection out to run without perturbations.')
 
 
-class TransformTargetError(ModuleError, TypeError):
+class TransformTargetError(ModuleError, TypeError, flax_errors.TransformTargetError):
   """A lifted transform was given a Module instance (or other non-class, non-function)."""
 
   def __init__(self, transform: str, target):
@@ -154,7 +165,8 @@ class TransformTargetError(ModuleError, TypeError):
         f'decorate the method with `@nn.{transform}(...)`.')
 
 
-class TransformedReturnError(ModuleError, TypeError):
+class TransformedReturnError(ModuleError, TypeError,
+                             flax_errors.TransformedMethodReturnValueError):
   """A transformed method returned a Module or a Variable."""
 
   def __init__(self, transform: str, method: str, what: str):
@@ -250,7 +262,7 @@ class LayerMismatchError(LayerStackError):
   differ in their variables (names, shapes, dtypes) or in their code (class, fields)."""
 
 
-class LazyInitError(ModuleError, ValueError):
+class LazyInitError(ModuleError, ValueError, flax_errors.LazyInitError):
   """`lazy_init` got a `jax.ShapeDtypeStruct` for an input the variables depend on."""
 
   def __init__(self, placeholders: str):

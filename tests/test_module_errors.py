@@ -1,4 +1,5 @@
 """Misuse of the Module system raises a `ModuleError` that names the culprit and the fix."""
+import flax.errors as flax_errors
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -237,3 +238,27 @@ def test_empty_sequential_names_its_path():
 def test_apply_method_that_cannot_take_the_module():
   with pytest.raises(errors.InvalidMethodError, match='a function taking the module first'):
     Mlp().apply({}, X, method=lambda: True)
+
+
+def test_errors_are_also_flax_errors_where_flax_has_one():
+  """Code that catches Flax's error classes keeps working; the message stays ours."""
+  with pytest.raises(flax_errors.NameInUseError, match='Fix'):
+    class Twice(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        nn.Dense(2, name='same')(x)
+        return nn.Dense(2, name='same')(x)
+    Twice().init(KEY, X)
+  class Scale(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return x * self.param('scale', nn.initializers.ones, ())
+
+  with pytest.raises(flax_errors.ScopeParamNotFoundError, match='Fix'):
+    Scale().apply({'params': {'other': 1.0}}, X)
+  with pytest.raises(flax_errors.CallCompactUnboundModuleError):
+    Mlp()(X)
+  with pytest.raises(flax_errors.InvalidInstanceModuleError):
+    Mlp.init(KEY, X)
+  with pytest.raises(ValueError, match='unbound'):
+    Mlp().variables
