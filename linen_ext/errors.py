@@ -9,6 +9,8 @@ from flax import errors as flax_errors
 
 from lift.errors import LiftError
 
+from linen_ext.module_repr import one_line
+
 
 class ModuleError(LiftError):
   """Base class of every error raised by the `linen_ext` Module system."""
@@ -159,7 +161,7 @@ class TransformTargetError(ModuleError, TypeError, flax_errors.TransformTargetEr
 
   def __init__(self, transform: str, target):
     super().__init__(
-        f'`nn.{transform}` was given {type(target).__name__} instance {target!r:.80}; '
+        f'`nn.{transform}` was given {type(target).__name__} instance {one_line(target)}; '
         'it transforms a Module class or a method. Fix: transform the class '
         f'and instantiate the result, `nn.{transform}(MyModule, ...)(...)`, or '
         f'decorate the method with `@nn.{transform}(...)`.')

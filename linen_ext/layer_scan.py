@@ -52,13 +52,14 @@ from lift.rng import RngCounters
 
 from linen_ext import errors
 from linen_ext.module import Module, map_modules
+from linen_ext.module_repr import one_line
 from linen_ext.stack_layout import (LayerArgs, check_rows, check_same_code,
                                     check_same_variables, row, split_layer_args,
                                     stack_trees)
 from linen_ext.stacks import check_remat
 
 _NOT_LAYERS = (
-    'scan_layers: layers={value!r:.80} is not a non-empty list of bound modules '
+    'scan_layers: layers={value} is not a non-empty list of bound modules '
     '({reason}). Fix: define them in setup, self.layers = [Block() for _ in '
     'range(n)], and call scan_layers(self.layers, x) from a method of that module.')
 _SHARED_LAYER = (
@@ -86,11 +87,12 @@ _FLAX_LAYER_DRAWS = (
 
 def _check_layers(layers: Any) -> tuple[Module, ...]:
   if not isinstance(layers, Sequence) or not layers:
-    raise errors.LayerStackError(_NOT_LAYERS.format(value=layers, reason='empty or not a list'))
+    raise errors.LayerStackError(_NOT_LAYERS.format(value=one_line(layers),
+                                                    reason='empty or not a list'))
   for layer in layers:
     if not isinstance(layer, Module) or layer.scope is None:
       raise errors.LayerStackError(_NOT_LAYERS.format(
-          value=layers, reason=f'{layer!r:.40} is not a bound Module'))
+          value=one_line(layers), reason=f'{one_line(layer, 40)} is not a bound Module'))
   seen: dict[Any, int] = {}
   for i, layer in enumerate(layers):
     first = seen.setdefault(layer.scope.identity, i)

@@ -38,6 +38,7 @@ from lift.scope import Scope
 from linen_ext import errors, named_call
 from linen_ext._state import UNINITIALIZED, ModuleState, SetupState, context
 from linen_ext.interception import run_intercepted
+from linen_ext.module_repr import module_repr
 from linen_ext.variables_api import VariablesMixin
 from linen_ext.entry import EntryMixin
 
@@ -392,6 +393,9 @@ class Module(VariablesMixin, EntryMixin):
               '`init`/`apply` (or on a module returned by `bind`).')
     raise AttributeError(f'"{type(self).__name__}" object has no attribute "{name}".{hint}')
 
+  def __repr__(self) -> str:
+    return module_repr(self, _children)
+
   def __dir__(self) -> list[str]:
     self._try_setup()
     return list(object.__dir__(self))
@@ -457,7 +461,7 @@ def _make_dataclass(cls: type, kw_only: bool) -> None:
   cls.__annotations__ = {**annotations, 'parent': Any, 'name': 'str | None'}
   cls.parent = dataclasses.field(default=UNSPECIFIED, kw_only=True, repr=False, compare=False)
   cls.name = dataclasses.field(default=None, kw_only=True)
-  dataclasses.dataclass(cls, unsafe_hash='__hash__' not in cls.__dict__, repr=True,
+  dataclasses.dataclass(cls, unsafe_hash='__hash__' not in cls.__dict__, repr=False,
                         kw_only=kw_only)
   cls.parent = _ParentRef()
   if cls.__hash__ is not None:

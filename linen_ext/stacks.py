@@ -34,11 +34,12 @@ from lift.loops.policies import CARRY_NAME, INPUT_NAME, on_this_backend, step_po
 from linen_ext import errors
 from linen_ext.lifting import call_lifted, is_module_class
 from linen_ext.module import Module
+from linen_ext.module_repr import one_line
 from linen_ext.stack_layout import (LayerArgs, check_rows, layer_name, row,
                                     split_layer_args, stack_trees, stacked_to_layers)
 
 _BAD_BLOCK = (
-    '{stack}: block {value!r:.80} is not a Module class. Fix: pass the class '
+    '{stack}: block {value} is not a Module class. Fix: pass the class '
     '(or functools.partial of it) and its options as block_kwargs, e.g. '
     '{stack}(Block, 4, block_kwargs={{"features": 8}}).')
 _BAD_LENGTH = (
@@ -194,7 +195,8 @@ class Stacked(_LayerStack):
 
   def __post_init__(self):
     if not is_module_class(self.block_cls):
-      raise errors.LayerStackError(_BAD_BLOCK.format(stack='Stacked', value=self.block_cls))
+      raise errors.LayerStackError(_BAD_BLOCK.format(stack='Stacked',
+                                                     value=one_line(self.block_cls)))
     check_remat(self.remat, _check_length('Stacked', self.length))
     object.__setattr__(self, 'metadata_params', _frozen(self.metadata_params))
     object.__setattr__(self, 'block_kwargs', _frozen(self.block_kwargs))
@@ -311,7 +313,7 @@ class BlockSeq(_LayerStack):
     if not isinstance(self.layers, Sequence) or not self.layers or not all(
         isinstance(m, Module) for m in self.layers):
       raise errors.LayerStackError(_BAD_BLOCKS.format(
-          detail=f'layers={self.layers!r:.80} is neither a Module class nor a '
+          detail=f'layers={one_line(self.layers)} is neither a Module class nor a '
           'non-empty list of Modules'))
     if self.length is not None and self.length != len(self.layers):
       raise errors.LayerStackError(_BAD_BLOCKS.format(

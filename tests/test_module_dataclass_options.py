@@ -120,3 +120,28 @@ def test_perturb_with_a_perturbations_collection_that_lacks_the_value():
   variables = _perturbed(nn).init(KEY, X)
   with pytest.raises(errors.MissingPerturbationError, match=r'perturb\("pair"\).*no "pair"'):
     _perturbed(nn).apply({'params': variables['params'], 'perturbations': {}}, X)
+
+
+def test_repr_as_flax_without_running_setup():
+  def make(lib):
+    class Mlp(lib.Module):
+      act: object = lib.relu
+      sizes: tuple = (3, 2)
+
+      @lib.compact
+      def __call__(self, x):
+        for size in self.sizes:
+          x = self.act(lib.Dense(size)(x))
+        return repr(self)
+    return Mlp()
+
+  assert repr(make(nn)) == repr(make(flax_nn))
+  text = make(nn).init_with_output(KEY, X)[0]
+  assert text == make(flax_nn).init_with_output(KEY, X)[0]
+  assert '# children' in text and 'kernel_init = init' in text
+
+  class Lazy(nn.Module):
+    def setup(self):
+      raise AssertionError('repr must not run setup')
+
+  assert repr(Lazy().bind({})) == 'Lazy()'
