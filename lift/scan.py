@@ -467,9 +467,8 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
     data_transform: ``(variable_groups, rng_groups) -> (variable_groups,
       rng_groups)`` applied inside each step before the scope is rebuilt.
     metadata_params: passed to the ``AxisMetadata`` boxes of scanned collections.
-    check_constancy_invariants: False draws Flax's keys for it (those of the
-      first trace), and the step is then traced once where it creates no
-      carry or broadcast variables; the invariance check runs either way.
+    check_constancy_invariants: False draws Flax's keys for it (the first
+      trace's; one trace where nothing is created); the check runs either way.
     remat: checkpoint policy of each step: anything
       ``lift.loops.resolve_remat`` accepts (False, True, 'nested', ...).
     _draw_once: streams that draw in the loop what the pre-pass draws (as ``vmap``).

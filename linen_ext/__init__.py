@@ -39,7 +39,9 @@ from linen_ext.layers import (BatchNorm, Conv, ConvLocal, ConvLSTMCell, ConvTran
                               MGUCell, MultiHeadAttention, MultiHeadDotProductAttention,
                               OptimizedLSTMCell, PReLU, RMSNorm, SelfAttention, Sequential,
                               SimpleCell)
-from linen_ext.module import Module, compact, compact_name_scope, nowrap, share_scope
+from linen_ext.method_wrapping import compact, compact_name_scope, nowrap
+from linen_ext.module import Module
+from linen_ext.share_scope import share_scope
 from linen_ext.interception import InterceptorContext, intercept_methods
 from linen_ext.named_call import disable_named_call, enable_named_call, override_named_call
 from linen_ext.normalization import SpectralNorm, WeightNorm

@@ -46,7 +46,8 @@ from lift.scope import Scope, copy_structure
 
 from linen_ext import errors, named_call
 from linen_ext._state import context
-from linen_ext.module import Module, nowrap
+from linen_ext.method_wrapping import nowrap
+from linen_ext.module import Module
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from linen_ext.flax_adapter import run_flax
-from linen_ext.module import Module, compact, nowrap
+from linen_ext.method_wrapping import compact, nowrap
+from linen_ext.module import Module
 
 
 def _copy_flax_fields(cls: type, flax_class: type) -> None:

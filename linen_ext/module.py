@@ -38,11 +38,11 @@ from lift.scope import Scope
 from linen_ext import errors, named_call
 from linen_ext._state import UNINITIALIZED, ModuleState, SetupState, context
 from linen_ext.interception import run_intercepted
+from linen_ext.method_wrapping import compact, fn_name, wrap_method
 from linen_ext.module_repr import module_repr
 from linen_ext.variables_api import VariablesMixin
 from linen_ext.entry import EntryMixin
 
-F = TypeVar('F', bound=Callable[..., Any])
 M = TypeVar('M', bound='Module')
 
 _ids = itertools.count()
@@ -57,97 +57,6 @@ class _Unspecified:
 
 
 UNSPECIFIED = _Unspecified()
-
-
-def compact(fun: F) -> F:
-  """Marks the method that may create submodules and variables inline.
-
-  >>> class Mlp(Module):
-  ...   @compact
-  ...   def __call__(self, x):
-  ...     return Dense(1)(x)
-  """
-  fun.compact = True  # type: ignore[attr-defined]
-  return fun
-
-
-def compact_name_scope(fun: F) -> F:
-  """Runs a method like a ``compact`` one of its own submodule named after it (as Flax's).
-
-  Submodules created inline go below the method's name; the method still
-  gets the module itself as ``self``.
-
-  >>> class Model(Module):
-  ...   @compact_name_scope
-  ...   def encode(self, x):
-  ...     return Dense(3)(x)   # params at 'encode/Dense_0'
-  ...   def __call__(self, x):
-  ...     return self.encode(x)
-  """
-  name = fun.__name__
-
-  @functools.wraps(fun)
-  def run_in_scope(self, *args, **kwargs):
-    self._try_setup()
-    scopes = self.__dict__.get('_compact_name_scopes')
-    if scopes is None:
-      raise errors.UnboundModuleError(type(self).__name__, f'Calling "{name}"')
-    return scopes[name](*args, **kwargs)
-
-  run_in_scope.compact_name_scope = True  # type: ignore[attr-defined]
-  run_in_scope.inner_fun = fun  # type: ignore[attr-defined]
-  run_in_scope.nowrap = True  # type: ignore[attr-defined]
-  return typing.cast(F, run_in_scope)
-
-
-def nowrap(fun: F) -> F:
-  """Marks a helper method that runs without setup or name bookkeeping.
-
-  Use it for methods that create submodules for a caller, e.g. a factory
-  called from ``setup``.
-
-  >>> class Block(Module):
-  ...   @nowrap
-  ...   def make_dense(self, n):
-  ...     return Dense(n)
-  """
-  fun.nowrap = True  # type: ignore[attr-defined]
-  return fun
-
-
-def _unpartial(fun: Callable[..., Any]) -> Callable[..., Any]:
-  while isinstance(fun, functools.partial):
-    fun = fun.func
-  return fun
-
-
-def fn_name(fun: Callable[..., Any]) -> str:
-  """The name of a method or function, also through ``functools.partial``.
-
-  >>> fn_name(functools.partial(fn_name))
-  'fn_name'
-  """
-  return getattr(_unpartial(fun), '__name__', None) or repr(fun)
-
-
-def wrap_method(fun: F) -> F:
-  """Wraps ``fun`` once so that calls go through :meth:`Module._call_wrapped_method`.
-
-  A ``functools.partial`` of a wrapped method (``partial(Foo.inner)``) is
-  already wrapped.
-
-  >>> call = wrap_method(lambda module, x: module.dense(x))   # runs setup first
-  """
-  if getattr(_unpartial(fun), 'method_handler_wrapped', False):
-    return fun
-
-  @functools.wraps(fun)
-  def wrapped(self, *args, **kwargs):
-    return self._call_wrapped_method(fun, args, kwargs)
-
-  wrapped.method_handler_wrapped = True  # type: ignore[attr-defined]
-  wrapped.inner_fun = fun  # type: ignore[attr-defined]
-  return typing.cast(F, wrapped)
 
 
 def map_modules(fn: Callable[[str, Any], Any], tree: Any, suffix: str = '') -> Any:
@@ -527,49 +436,3 @@ class CompactNameScope(Module):
   @compact
   def __call__(self, *args, **kwargs):
     return self.fn(self.module_ref(), *args, **kwargs)
-
-
-def share_scope(module: Module, other: Module, /) -> None:
-  """Makes ``module`` and ``other`` use one scope (one set of variables), as Flax's.
-
-  If ``other`` lives below ``module`` (e.g. a setup attribute), ``other`` moves up
-  into ``module``'s scope; otherwise ``module`` moves into ``other``'s (a wrapper
-  around a layer passed in). Existing children move along with the one that moves.
-
-  >>> class Wrapper(Module):
-  ...   def setup(self):
-  ...     self.inner = Inner()
-  ...     share_scope(self, self.inner)   # Inner's variables sit at Wrapper's path
-  """
-  for m in (module, other):
-    if m.scope is None:
-      raise errors.UnboundModuleError(type(m).__name__, 'Calling `share_scope`')
-  if _is_below(other.scope, module.scope):
-    _move_scope(other, module.scope)
-  else:
-    _move_scope(module, other.scope)
-
-
-def _is_below(scope: Scope, ancestor: Scope) -> bool:
-  node: Scope | None = scope
-  while node is not None:
-    if node.identity == ancestor.identity:
-      return True
-    node = node.parent
-  return False
-
-
-def _move_scope(module: Module, scope: Scope) -> None:
-  """Binds ``module`` to ``scope`` and moves its existing children below it.
-
-  A moved child keeps its rng streams and counters (its keys do not change), as
-  in Flax, where only its parent pointer changes.
-  """
-  old = module.scope
-  object.__setattr__(module, 'scope', scope)
-  for child in _children(module).values():
-    if child.scope is not None and child.scope.parent is not None \
-        and child.scope.parent.identity == old.identity:
-      moved = scope.push(child.scope.name)
-      moved.rngs, moved.rng_counters = child.scope.rngs, child.scope.rng_counters
-      _move_scope(child, moved)

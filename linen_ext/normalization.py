@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 from flax.linen import dtypes
 
-from linen_ext.module import Module, compact
+from linen_ext.method_wrapping import compact
+from linen_ext.module import Module
 from linen_ext.transforms import map_variables
 
 

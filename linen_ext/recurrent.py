@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 from flax.core import FrozenDict
 
-from linen_ext.module import Module, nowrap
+from linen_ext.method_wrapping import nowrap
+from linen_ext.module import Module
 from linen_ext.transforms import scan
 
 
