@@ -34,6 +34,13 @@ def _copy_flax_fields(cls: type, flax_class: type) -> None:
   cls.__annotations__ = annotations
 
 
+def _as_flax(value: Any) -> Any:
+  """A ready-made layer class given as a field (``dot_general_cls=Fp8DotGeneral``) as flax's."""
+  if isinstance(value, type) and issubclass(value, FlaxLayer) and 'flax_class' in vars(value):
+    return value.flax_class
+  return value
+
+
 class FlaxLayer(Module):
   """Base of the ready-made layers: ``flax_class`` gives the fields and does the work.
 
@@ -54,7 +61,7 @@ class FlaxLayer(Module):
     >>> Dense(3).to_flax()
     Dense(...)
     """
-    fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+    fields = {f.name: _as_flax(getattr(self, f.name)) for f in dataclasses.fields(self)
               if f.init and f.name not in ('parent', 'name')}
     return self.flax_class(**fields, parent=None)
 
@@ -202,6 +209,40 @@ class SelfAttention(FlaxLayer):
 class MultiHeadAttention(FlaxLayer):
   """`flax.linen.MultiHeadAttention`: `MultiHeadDotProductAttention` under its own auto-name."""
   flax_class = flax_nn.MultiHeadAttention
+
+
+class Fp8DotGeneralOp(FlaxLayer):
+  """`flax.linen.Fp8DotGeneralOp`: a ``dot_general`` through fp8 with scaled quantization.
+
+  Its scales and amax histories live in the ``_overwrite_with_gradient`` collection.
+
+  >>> DenseGeneral(4, dot_general_cls=Fp8DotGeneralOp)
+  """
+  flax_class = flax_nn.Fp8DotGeneralOp
+
+
+class Fp8DirectDotGeneralOp(FlaxLayer):
+  """`flax.linen.Fp8DirectDotGeneralOp`; `Fp8DotGeneral` is its other name.
+
+  >>> Dense(4, dot_general_cls=Fp8DotGeneral)
+  """
+  flax_class = flax_nn.Fp8DirectDotGeneralOp
+
+
+Fp8DotGeneral = Fp8DirectDotGeneralOp
+
+
+class NANOOFp8DotGeneralOp(FlaxLayer):
+  """`flax.linen.NANOOFp8DotGeneralOp`: `Fp8DotGeneralOp` with the fnuz fp8 types."""
+  flax_class = flax_nn.NANOOFp8DotGeneralOp
+
+
+class Fp8Einsum(FlaxLayer):
+  """`flax.linen.Fp8Einsum`: ``jnp.einsum`` through fp8, called as ``(eqn, lhs, rhs)``.
+
+  >>> Fp8Einsum()('mk,kn->mn', x, w)
+  """
+  flax_class = flax_nn.Fp8Einsum
 
 
 class Dropout(Module):

@@ -1,5 +1,8 @@
 """Weight reparametrisations that wrap another layer: `WeightNorm`, `SpectralNorm`.
 
+(The ready-made normalization layers are here too, under `flax.linen.normalization`'s
+names: ``nn.normalization.LayerNorm``.)
+
 Each wraps ``layer_instance`` (any module, native or a ready-made flax layer)
 and runs it through `map_variables`, which rewrites its parameters on the way
 in: the layer's own variables stay where they are and keep their raw values;
@@ -18,9 +21,14 @@ import jax
 import jax.numpy as jnp
 from flax.linen import dtypes
 
+from linen_ext.layers import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, RMSNorm
 from linen_ext.method_wrapping import compact
 from linen_ext.module import Module
 from linen_ext.transforms import map_variables
+
+
+__all__ = ['BatchNorm', 'GroupNorm', 'InstanceNorm', 'LayerNorm', 'RMSNorm', 'SpectralNorm',
+           'WeightNorm']
 
 
 def _l2_normalize(x: jax.Array, axis: Any = None, eps: float = 1e-12) -> jax.Array:

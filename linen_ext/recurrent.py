@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 from flax.core import FrozenDict
 
+from linen_ext.layers import (ConvLSTMCell, GRUCell, LSTMCell, MGUCell, OptimizedLSTMCell,
+                              SimpleCell)
 from linen_ext.method_wrapping import nowrap
 from linen_ext.module import Module
 from linen_ext.transforms import scan
@@ -178,4 +180,5 @@ class Bidirectional(Module):
     return ((carry_forward, carry_backward), outputs) if return_carry else outputs
 
 
-__all__ = ['RNN', 'RNNCellBase', 'Bidirectional', 'flip_sequences']
+__all__ = ['RNN', 'RNNCellBase', 'Bidirectional', 'flip_sequences', 'ConvLSTMCell', 'GRUCell',
+           'LSTMCell', 'MGUCell', 'OptimizedLSTMCell', 'SimpleCell']

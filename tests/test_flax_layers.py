@@ -71,7 +71,7 @@ def test_every_exported_layer_is_named_as_flax():
   for name in dir(nn):
     ours, theirs = getattr(nn, name), getattr(flax_nn, name, None)
     if inspect.isclass(ours) and issubclass(ours, nn.Module) and inspect.isclass(theirs):
-      assert ours.__name__ == theirs.__name__ == name
+      assert ours.__name__ == theirs.__name__, name  # Fp8DotGeneral is an alias in both
 
 
 @pytest.mark.parametrize('name', sorted(LAYERS))

@@ -1,0 +1,87 @@
+"""Flax's layer namespaces (``nn.attention``, ``nn.linear``, ...) and the fp8 layers.
+
+Oracle: flax.linen. Code that reaches a layer through a submodule
+(``nn.linear.Dense``) must get this package's layer, and the fp8 ``dot_general``
+layers must give flax's variables, outputs, gradients and scale updates.
+"""
+import importlib
+import inspect
+
+import flax.linen as flax_nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax.linen import fp8_ops
+
+import linen_ext as nn
+
+
+@pytest.mark.parametrize('namespace', ['attention', 'linear', 'normalization', 'recurrent',
+                                       'stochastic'])
+def test_flax_namespaces_hold_this_packages_layers(namespace):
+  ours = importlib.import_module(f'linen_ext.{namespace}')
+  assert getattr(nn, namespace) is ours
+  theirs = importlib.import_module(f'flax.linen.{namespace}')
+  for name, flax_value in vars(theirs).items():
+    top_level = getattr(nn, name, None)
+    is_layer = inspect.isclass(top_level) and issubclass(top_level, nn.Module)
+    defined_there = getattr(flax_value, '__module__', None) == theirs.__name__
+    if name.startswith('_') or not (is_layer and defined_there):
+      continue
+    assert getattr(ours, name) is top_level, f'nn.{namespace}.{name}'
+
+
+@pytest.mark.parametrize('namespace', ['activation', 'dtypes', 'fp8_ops', 'pooling'])
+def test_namespaces_of_pure_functions_are_flaxs(namespace):
+  assert getattr(nn, namespace) is importlib.import_module(f'flax.linen.{namespace}')
+
+
+def test_namespace_functions_are_flaxs():
+  x = jnp.arange(8.0).reshape(1, 8, 1)
+  np.testing.assert_array_equal(nn.pooling.max_pool(x, (2,)), flax_nn.max_pool(x, (2,)))
+  assert nn.attention.make_causal_mask is flax_nn.make_causal_mask
+  assert nn.linear.default_kernel_init is flax_nn.linear.default_kernel_init
+
+
+def _representable(x, dtype):
+  return fp8_ops.qdq(x, dtype, jnp.ones((1,)), jnp.float32)
+
+
+@pytest.mark.filterwarnings('ignore:The Fp8DotGeneralOp is deprecated')
+@pytest.mark.parametrize('op', ['Fp8DotGeneral', 'Fp8DotGeneralOp', 'NANOOFp8DotGeneralOp'])
+def test_fp8_dot_general_in_dense_matches_flax(op):
+  """Same variables (fp8 scales under ``_overwrite_with_gradient``), outputs and gradients."""
+  x = _representable(jax.random.uniform(jax.random.key(1), (16, 32)), jnp.float8_e4m3fn)
+
+  def run(lib):
+    model = lib.DenseGeneral(64, dot_general_cls=getattr(lib, op))
+    variables = jax.jit(model.init)(jax.random.key(0), x)
+    loss = lambda v, x: jnp.mean(model.apply(v, x) ** 2)
+    return variables, jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(variables, x)
+
+  ours, theirs = run(nn), run(flax_nn)
+  assert jax.tree.map(jnp.shape, ours) == jax.tree.map(jnp.shape, theirs)
+  assert f'{getattr(nn, op).__name__}_0' in ours[0][fp8_ops.OVERWRITE_WITH_GRADIENT]
+  jax.tree.map(np.testing.assert_array_equal, ours, theirs)
+
+
+def test_fp8_einsum_matches_flax_and_updates_scales_in_training():
+  eqn, k1, k2 = '...k,kn->...n', jax.random.key(1), jax.random.key(2)
+  x = _representable(jax.random.normal(k1, (2, 3, 16)), jnp.float8_e4m3fn)
+  w = _representable(jax.random.normal(k2, (16, 8)), jnp.float8_e4m3fn)
+
+  def train(lib):
+    model = lib.Fp8Einsum(amax_history_length=4)
+    variables = model.init(jax.random.key(0), eqn, x, w)
+    loss = lambda v: jnp.sum(model.apply(v, eqn, x, w) ** 2)
+    grads = jax.grad(loss)(variables)
+    return model.apply(variables, eqn, x, w), grads
+
+  (y_ours, g_ours), (y_theirs, g_theirs) = train(nn), train(flax_nn)
+  np.testing.assert_array_equal(y_ours, y_theirs)
+  np.testing.assert_allclose(y_ours, jnp.einsum(eqn, x, w), rtol=1e-2, atol=1e-2)
+  jax.tree.map(np.testing.assert_array_equal, g_ours, g_theirs)
+  # the "gradient" of the overwrite collection is the updated amax history and scale
+  updated = g_ours[fp8_ops.OVERWRITE_WITH_GRADIENT]
+  assert float(updated['input_amax_history'][0]) == pytest.approx(float(jnp.max(jnp.abs(x))))
