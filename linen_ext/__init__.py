@@ -26,12 +26,12 @@ from flax.linen import (avg_pool, combine_masks, dot_product_attention,
                         dot_product_attention_weights, make_attention_mask,
                         make_causal_mask, max_pool, merge_param, ones, ones_init,
                         pool, zeros, zeros_init)
-from flax.linen import activation, dtypes, fp8_ops, pooling
+from flax.linen import activation, dtypes, fp8_ops, meta, pooling, spmd
 
 from lift.filters import DenyList
 from lift.scope import Scope, Variable
 
-from linen_ext import attention, errors, linear, stochastic
+from linen_ext import attention, errors, linear, partitioning, stochastic
 from linen_ext.entry import apply, capture_call_intermediates, init, init_with_output
 from linen_ext.flax_adapter import FlaxModule, from_flax
 from linen_ext.layers import (BatchNorm, Conv, ConvLocal, ConvLSTMCell, ConvTranspose,

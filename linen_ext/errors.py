@@ -5,6 +5,8 @@ Messages say what failed (the module class, name or argument), why, and the fix.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from flax import errors as flax_errors
 
 from lift.errors import LiftError
@@ -273,3 +275,20 @@ class LazyInitError(ModuleError, ValueError, flax_errors.LazyInitError):
         f'the value of an input passed as a jax.ShapeDtypeStruct ({placeholders}), which '
         'gives only its shape and dtype. Fix: pass a concrete value for that input, or '
         'call `init` instead.')
+
+
+class NoCurrentModuleError(ModuleError, ValueError):
+  """A function that declares variables in "the current module" ran outside any module method."""
+
+  def __init__(self, fn_name: str):
+    super().__init__(
+        f'`{fn_name}` ran outside the methods of a module, so there is no module to '
+        f'declare the variable in. Fix: call it from a `@compact` method or `setup`, '
+        f'or pass the module: `{fn_name}(..., module=self)`.')
+
+
+class AxesMismatchError(ModuleError, ValueError):
+  """Logical axis names disagree: a variable declared twice, or a transform's axis missing."""
+
+  def __init__(self, where: str, expected: Any, found: Any, fix: str):
+    super().__init__(f'{where}: expected logical axes {expected}, found {found}. Fix: {fix}')

@@ -42,6 +42,7 @@ class TransformSpec(NamedTuple):
   cached: bool = False  # jit: build once per method, pass the module as a static argument
   fork_rngs: bool = False  # streams restart from a key drawn at the module (Flax's fold_rngs)
   adapt: Callable[[str, Callable[..., Any], dict], dict] | None = None
+  class_prefix: str | None = None  # of a transformed class's name; default: name.capitalize()
 
 
 def _apply_lift(lift_fn: Callable[..., Any], options: dict, core: Callable[..., Any]):
@@ -96,7 +97,8 @@ def _transform_class(spec: TransformSpec, target: Any, methods: Any, options: di
       raise errors.NotAMethodError(spec.name, module_class.__name__, name)
     namespace[name] = _method(spec, fn, method_options, module_class)
   namespace['__module__'] = module_class.__module__
-  cls = type(f'{spec.name.capitalize()}{module_class.__name__}', (module_class,), namespace)
+  prefix = spec.class_prefix or spec.name.capitalize()
+  cls = type(f'{prefix}{module_class.__name__}', (module_class,), namespace)
   return functools.partial(cls, *partial.args, **partial.keywords) if partial else cls
 
 

@@ -1,0 +1,52 @@
+"""`linen_ext.partitioning` constraints on 8 simulated CPU devices, against Flax's.
+
+JAX fixes the device count when it starts, so the check runs in a child
+interpreter started with ``--xla_force_host_platform_device_count=8``.
+"""
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import flax.linen as flax_nn
+import jax
+import numpy as np
+from flax.linen import partitioning as flax_partitioning
+
+import linen_ext as nn
+from linen_ext import partitioning
+from tests.test_partitioning import RULES, X, models
+
+MARK = 'PARTITIONING_OK'
+
+
+def run_check():
+  """In the child: the logical constraints land on the mesh axes the rules name."""
+  assert jax.device_count() == 8
+  auto = jax.sharding.AxisType.Auto
+  mesh = jax.make_mesh((2, 4), ('data', 'model'), axis_types=(auto, auto))
+  lowered = {}
+  for name, lib, part in (('ours', nn, partitioning), ('flax', flax_nn, flax_partitioning)):
+    layers = models(lib, part)[1]
+    variables = layers.init(jax.random.key(0), X)
+    with jax.set_mesh(mesh), part.axis_rules(RULES):
+      step = jax.jit(lambda v, m=layers: m.apply(v, X, mutable=['stats']))
+      lowered[name] = step.lower(variables).as_text()
+      out, _ = step(variables)
+    np.testing.assert_allclose(out, layers.apply(variables, X, mutable=['stats'])[0], atol=1e-6)
+  specs = {name: re.findall(r'sharding_constraint %\w+ (<@mesh, [^>]*>)', text)
+           for name, text in lowered.items()}
+  assert specs['ours'] == specs['flax'], specs
+  assert '<@mesh, [{}, {"model"}]>' in specs['ours'], specs  # w1: ('embed', 'mlp')
+  print(MARK)
+
+
+def test_logical_constraints_shard_as_flax_on_8_devices():
+  root = pathlib.Path(__file__).resolve().parents[1]
+  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8',
+         'JAX_PLATFORMS': 'cpu'}
+  code = 'import tests.test_partitioning_multidevice as t; t.run_check()'
+  proc = subprocess.run([sys.executable, '-c', code], cwd=root, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert MARK in proc.stdout, f'rc={proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}'
