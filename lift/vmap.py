@@ -32,7 +32,7 @@ _BAD_VARIABLE_AXIS = (
     'says along which axis the variables of the matched collections are '
     'mapped. Fix: e.g. variable_axes={{{key!r}: 0}}{hint}.')
 _BAD_SPLIT = (
-    '{transform}: split_rngs[{key!r}] = {value!r} is not a bool. True gives each '
+    '{transform}: split_rngs[{key!r}] = {value!r} is not a bool (or 0/1). True gives each '
     'item its own key, False gives every item the same key. Fix: e.g. '
     'split_rngs={{{key!r}: True}}.')
 _BAD_AXIS_LEAF = (
@@ -113,11 +113,14 @@ def check_split_rngs(transform: str, split_rngs: Any) -> tuple[tuple[Filter, ...
     raise errors.InvalidAxisError(_NOT_A_MAPPING.format(
         transform=transform, argument='split_rngs', values='bool',
         value=split_rngs, example="{'params': True}"))
+  flags = []
   for key, value in split_rngs.items():
     validate_filter(key)
-    if not isinstance(value, bool):
+    # 0 and 1 are accepted as Flax accepts them (it tests the value's truth)
+    if not isinstance(value, (bool, np.bool_, int, np.integer)) or value not in (0, 1):
       raise errors.InvalidAxisError(_BAD_SPLIT.format(transform=transform, key=key, value=value))
-  return tuple(split_rngs), tuple(split_rngs.values())
+    flags.append(bool(value))
+  return tuple(split_rngs), tuple(flags)
 
 
 def check_axis_leaves(transform: str, argument: str, axes: Any,

@@ -57,8 +57,9 @@ def test_shared_params_equal_unmapped_call():
   np.testing.assert_allclose(y, lift.apply(mlp)(variables, XS), rtol=1e-6)
 
 
-@pytest.mark.parametrize('axis, split', [(0, True), (0, False), (None, False)])
+@pytest.mark.parametrize('axis, split', [(0, True), (0, False), (None, False), (0, 1), (0, 0)])
 def test_init_matches_flax_core_lift_vmap(axis, split):
+  """0 and 1 as split flags too: Flax tests their truth."""
   kwargs = dict(variable_axes={'params': axis}, split_rngs={'params': split})
   y, variables = lift.init(lift.vmap(mlp, **kwargs))(KEY, XS)
   flax_y, flax_variables = flax.core.init(flax_lift.vmap(mlp, **kwargs))(KEY, XS)
@@ -232,7 +233,8 @@ def test_in_axes_not_a_prefix_raises():
 @pytest.mark.parametrize('kwargs, match', [
     (dict(variable_axes={'params': '0'}, split_rngs={}), r"variable_axes\['params'\] = '0'"),
     (dict(variable_axes=['params'], split_rngs={}), 'variable_axes must be a dict'),
-    (dict(variable_axes={}, split_rngs={'params': 1}), r"split_rngs\['params'\] = 1 is not a bool"),
+    (dict(variable_axes={}, split_rngs={'params': 2}), r"split_rngs\['params'\] = 2 is not a bool"),
+    (dict(variable_axes={}, split_rngs={'params': 'no'}), r"split_rngs\['params'\] = 'no' is not"),
     (dict(variable_axes={}, split_rngs={}, in_axes='x'), "in_axes='x' holds 'x'"),
     (dict(variable_axes={}, split_rngs={}, axis_size=-1), 'axis_size=-1'),
 ])
