@@ -1,4 +1,4 @@
-"""`tabulate`: rows per module call with shapes and variables; totals equal flax.linen's."""
+"""`tabulate`: rows per module call with shapes, variables and FLOPs; the text equals flax.linen's."""
 import re
 
 import flax.linen as flax_nn
@@ -9,6 +9,7 @@ import pytest
 import linen_ext as nn
 
 X = jnp.ones((16, 9))
+PLAIN = {'force_terminal': False, 'width': 200}
 
 
 def make(lib):
@@ -32,7 +33,7 @@ def total(table: str) -> str:
 
 
 def test_rows_list_each_call_with_shapes_and_own_variables():
-  table = make(nn).tabulate(jax.random.key(0), X)
+  table = make(nn).tabulate(jax.random.key(0), X, console_kwargs=PLAIN)
   assert total(table) == total(make(flax_nn).tabulate(jax.random.key(0), X)) == '264'
   rows = [line for line in table.splitlines() if line.startswith('│ ens') or '│ Block' in line]
   assert [row.split('│')[1].strip() for row in rows] == [
@@ -43,16 +44,74 @@ def test_rows_list_each_call_with_shapes_and_own_variables():
 
 
 def test_depth_folds_descendants_into_the_shown_ancestor():
-  table = nn.tabulate(make(nn), jax.random.key(0), depth=1)(X)
+  table = nn.tabulate(make(nn), jax.random.key(0), depth=1, console_kwargs=PLAIN)(X)
   assert 'ens/Dense_0' not in table
   ens = next(line for line in table.splitlines() if line.startswith('│ ens'))
   assert '174 (696 B)' in ens and '24 (96 B)' in ens  # 3 x 58 params, 3 x 8 statistics
   assert total(table) == '264'
 
 
-def test_flop_counting_is_refused_with_a_pointer():
-  with pytest.raises(NotImplementedError, match='cost_analysis'):
-    make(nn).tabulate(jax.random.key(0), X, compute_flops=True)
+def mlp(lib):
+  class Mlp(lib.Module):
+    @lib.compact
+    def __call__(self, x, train: bool = False):
+      h = lib.Dropout(0.5, deterministic=not train)(lib.relu(lib.Dense(5)(x)))
+      if train:
+        self.sow('intermediates', 'h', h)
+      return lib.Dense(3)(h), {'hidden': h, 'none': None}
+
+    @lib.compact
+    def encode(self, x):
+      return lib.Dense(2, kernel_init=lib.with_partitioning(
+          lib.initializers.lecun_normal(), ('embed', 'mlp')))(x)
+  return Mlp()
+
+
+def wrapped_layers(lib):
+  class Recurrent(lib.Module):
+    @lib.compact
+    def __call__(self, x):
+      scan = lib.scan(lib.LSTMCell, variable_broadcast='params', split_rngs={'params': False},
+                      in_axes=1, out_axes=1)
+      cell = scan(features=4, name='ScanLSTM')
+      carry = cell.initialize_carry(jax.random.key(0), x[:, 0].shape)
+      attention = lib.MultiHeadDotProductAttention(num_heads=2, qkv_features=4, out_features=4)
+      return cell(carry, x)[1] + attention(x)
+  return Recurrent()
+
+
+CASES = {
+    'plain': (mlp, X, {}),
+    'depth': (mlp, X, dict(depth=1)),
+    'flops': (mlp, X, dict(compute_flops=True, compute_vjp_flops=True)),
+    'kwargs': (mlp, X, dict(train=True, show_repeated=True)),
+    'method and boxes': (mlp, X, dict(method='encode')),
+    'flax submodules': (wrapped_layers, jnp.ones((2, 3, 4)), dict(compute_flops=True)),
+    'flax submodules, depth': (wrapped_layers, jnp.ones((2, 3, 4)), dict(depth=1)),
+}
+
+
+@pytest.mark.parametrize('case', list(CASES))
+def test_table_text_equals_flax(case):
+  """Cells, markup, totals and FLOPs (wrapped flax layers list their own submodules)."""
+  make_model, x, options = CASES[case]
+  keys = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
+  ours = make_model(nn).tabulate(keys, x, **options)
+  assert ours == make_model(flax_nn).tabulate(keys, x, **options)
+  assert '\x1b[' in ours  # styled as Flax's, for a terminal
+
+
+def test_sown_values_get_their_column_when_mutable():
+  table = mlp(nn).tabulate({'params': jax.random.key(0), 'dropout': jax.random.key(1)}, X,
+                           train=True, mutable=True, console_kwargs=PLAIN)
+  header = table.splitlines()[3]
+  assert header.index('params') < header.index('intermediates')  # Flax: either order
+  assert 'h:' in table and '- float32[16,5]' in table
+
+
+def test_console_options_reach_the_console():
+  plain = mlp(nn).tabulate(jax.random.key(0), X, console_kwargs={'force_terminal': False})
+  assert '\x1b[' not in plain and 'Total Parameters: 68 (272 B)' in plain
 
 
 def test_module_paths_equal_flax():
