@@ -130,9 +130,9 @@ class SpectralNorm(Module):
     if value.ndim <= 1 or self.n_steps < 1:
       return value
     if value.ndim > 2 and self.error_on_non_matrix:
-      raise ValueError(f'SpectralNorm: parameter "{path}" has rank {value.ndim}, and '
-                       'error_on_non_matrix=True refuses anything but matrices. Fix: '
-                       'set error_on_non_matrix=False to flatten its leading axes.')
+      raise ValueError(f'Input is {value.ndim}D but error_on_non_matrix is True: SpectralNorm '
+                       f'parameter "{path}" is not a matrix. Fix: set '
+                       'error_on_non_matrix=False to flatten its leading axes.')
     matrix = value.reshape(-1, value.shape[-1])
     u_name = f'{path}/u'
     key = None if self.has_variable(self.collection_name, u_name) else self.make_rng('params')
