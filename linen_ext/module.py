@@ -372,6 +372,9 @@ def _make_dataclass(cls: type, kw_only: bool) -> None:
   cls.name = dataclasses.field(default=None, kw_only=True)
   dataclasses.dataclass(cls, unsafe_hash='__hash__' not in cls.__dict__, repr=False,
                         kw_only=kw_only)
+  fields = cls.__dataclass_fields__  # parent and name last, as Flax lists them
+  for reserved in ('parent', 'name'):
+    fields[reserved] = fields.pop(reserved)
   cls.parent = _ParentRef()
   if cls.__hash__ is not None:
     cls.__hash__ = _unbound_only_hash(cls.__hash__)

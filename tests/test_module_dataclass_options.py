@@ -1,6 +1,7 @@
 """Module class options and helpers a Flax user relies on, against flax.linen as oracle:
 ``kw_only``, ``preserve_adopted_names``, the unspecified-parent sentinel, ``perturb`` of pytrees."""
 import copy
+import dataclasses
 import inspect
 import pickle
 
@@ -39,6 +40,25 @@ def test_kw_only_class_argument_as_python_dataclasses(lib):
   with pytest.raises(TypeError, match='positional argument'):
     Base(2)
   np.testing.assert_array_equal(Child(8).apply({}, jnp.ones(2)), -8 * jnp.ones(2))
+
+
+def test_fields_of_subclasses_list_parent_and_name_last_as_flax():
+  def hierarchy(lib):
+    class Base(lib.Module):
+      width: int
+
+    class Child(Base):
+      depth: int = 2
+
+    class Grandchild(Child):
+      heads: int = 1
+    return Base, Child, Grandchild
+
+  for ours, theirs in zip(hierarchy(nn), hierarchy(flax_nn)):
+    assert list(ours.__dataclass_fields__) == list(theirs.__dataclass_fields__)
+    assert [f.name for f in dataclasses.fields(ours)][-2:] == ['parent', 'name']
+  child = hierarchy(nn)[1](4, 3)
+  assert (child.width, child.depth) == (4, 3)
 
 
 def test_the_unspecified_parent_sentinel_survives_copies():
