@@ -59,7 +59,7 @@ def _unbound_method(module: Any, method: Any) -> Callable[..., Any]:
     if method is None and isinstance(getattr(module, name, None), EntryMixin):
       return lambda m, *args, **kwargs: getattr(m, name)(*args, **kwargs)  # a submodule field
     if method is None or not callable(method):
-      raise errors.InvalidMethodError(name)
+      raise errors.MissingMethodError(type(module).__name__, name)
   if inspect.ismethod(method) and isinstance(method.__self__, EntryMixin):
     method = method.__func__
   if not callable(method) or not _takes_an_argument(method):

@@ -113,6 +113,16 @@ class InvalidMethodError(ModuleError, TypeError, flax_errors.ApplyModuleInvalidM
         'or a function taking the module first (`method=lambda m, x: m.encode(x)`).')
 
 
+class MissingMethodError(InvalidMethodError, AttributeError):
+  """`init`/`apply` was asked for a method (``__call__`` by default) the module lacks."""
+
+  def __init__(self, cls_name: str, name: str):
+    ModuleError.__init__(
+        self, f'"{cls_name}" object has no attribute "{name}", so `init`/`apply` cannot '
+        f'call it. Fix: define `{name}` on `{cls_name}`, or pass the method to run: '
+        '`method="encode"`, `method=Model.encode` or `method=lambda m, x: m.encode(x)`.')
+
+
 class InvalidInstanceModuleError(ModuleError, TypeError,
                                  flax_errors.InvalidInstanceModuleError):
   """An entry point (`init`, `apply`, `bind`, ...) was called on a Module class."""

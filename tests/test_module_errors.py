@@ -156,7 +156,7 @@ def test_share_scope_of_an_unbound_module():
 def test_invalid_parent_and_method():
   with pytest.raises(errors.InvalidParentError, match='parent must be None'):
     Mlp(parent=3)
-  with pytest.raises(errors.InvalidMethodError, match="method='missing'. is not a method"):
+  with pytest.raises(errors.InvalidMethodError, match='"Mlp" object has no attribute "missing"'):
     Mlp().apply({}, X, method='missing')
 
 
