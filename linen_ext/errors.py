@@ -19,7 +19,7 @@ class ModuleError(LiftError):
 
 
 _UNBOUND = (
-    '{what} on an unbound `{cls}`: a module only has variables and rngs inside '
+    '{what} on an unbound module `{cls}`: a module only has variables and rngs inside '
     '`init`, `apply` or a parent module that is itself bound. Fix: run it '
     'through `{cls}(...).init(key, x)` / `.apply(variables, x)`, or `bind` '
     'it: `module.bind(variables)`.')
@@ -81,15 +81,15 @@ class SetupFieldAssignmentError(ModuleError, AttributeError,
         'derived value under another attribute name in `setup`.')
 
 
-class SubmoduleOutsideSetupError(ModuleError, flax_errors.AssignSubModuleError):
+class SubmoduleOutsideSetupError(ModuleError, ValueError, flax_errors.AssignSubModuleError):
   """A submodule or variable was created in a method that is neither `setup` nor `@compact`."""
 
   def __init__(self, cls_name: str, what: str):
     super().__init__(
-        f'{what} was created inside a method of `{cls_name}` that is neither '
-        '`setup` nor marked `@compact`. Submodules and variables must be '
-        'defined in one of those so their names are stable. Fix: decorate '
-        'the method with `@nn.compact`, or define them in `setup()`.')
+        f'{what} must be initialized in `setup()` or in a method marked `@compact`, '
+        f'but was created inside another method of `{cls_name}`. Submodules and '
+        'variables are defined in one of those so their names are stable. Fix: '
+        'decorate the method with `@nn.compact`, or define them in `setup()`.')
 
 
 class InvalidParentError(ModuleError, TypeError):

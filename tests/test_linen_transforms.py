@@ -376,7 +376,7 @@ def test_calling_a_transformed_method_outside_apply():
   with pytest.raises(errors.UnboundModuleError, match='nn.vmap'):
     nn.vmap(nn.Dense, variable_axes={'params': 0}, split_rngs={'params': True})(2)(X)
   # jit runs an unbound module's method unbound (as Flax): the layer itself then refuses.
-  with pytest.raises(errors.UnboundModuleError, match='unbound `Dense`'):
+  with pytest.raises(errors.UnboundModuleError, match='unbound module `Dense`'):
     nn.jit(nn.Dense)(2)(X)
 
 

@@ -24,7 +24,7 @@ def test_module_errors_are_lift_errors():
 
 
 def test_calling_a_compact_module_outside_init_or_apply():
-  with pytest.raises(errors.UnboundModuleError, match=r'unbound `Mlp`.*init\(key, x\)'):
+  with pytest.raises(errors.UnboundModuleError, match=r'unbound module `Mlp`.*init\(key, x\)'):
     Mlp()(X)
 
 
