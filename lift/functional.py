@@ -5,6 +5,9 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from flax import config as flax_config
+from flax.core import freeze
+
 from lift import errors
 from lift.filters import Filter, in_filter, validate_filter
 from lift.rng import is_prng_key
@@ -77,6 +80,8 @@ def apply(fn: Callable[..., Any], mutable: Filter = False,
     try:
       y = fn(root, *args, **kwargs)
       mutated = root.mutable_variables() if mutable is not False else None
+      if mutated is not None and flax_config.flax_return_frozendict:  # Flax's legacy output
+        mutated = freeze(mutated)
     finally:
       root.invalidate()
     return y if mutable is False else (y, mutated)

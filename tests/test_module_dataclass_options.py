@@ -165,3 +165,15 @@ def test_repr_as_flax_without_running_setup():
       raise AssertionError('repr must not run setup')
 
   assert repr(Lazy().bind({})) == 'Lazy()'
+
+
+def test_flax_return_frozendict_flag_freezes_what_init_and_apply_return():
+  model = nn.BatchNorm(use_running_average=False)
+  flax.config.update('flax_return_frozendict', True)
+  try:
+    variables = model.init(KEY, X)
+    _, mutated = model.apply(variables, X, mutable=['batch_stats'])
+    assert isinstance(variables, flax.core.FrozenDict) and isinstance(mutated, flax.core.FrozenDict)
+  finally:
+    flax.config.update('flax_return_frozendict', False)
+  assert type(model.init(KEY, X)) is dict
