@@ -186,7 +186,7 @@ class InvalidVariablesError(LiftError, TypeError,
   """The variables passed to `apply`/`bind` are not a `{collection: {name: value}}` dict."""
 
 
-class InvalidRngsError(LiftError, TypeError, flax_errors.InvalidRngError):
+class InvalidRngsError(LiftError, TypeError, ValueError, flax_errors.InvalidRngError):
   """The `rngs` argument is not a PRNG key or a dict of named PRNG keys."""
 
 
