@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import jax
 from flax import config as flax_config
 from flax.core import FrozenDict
+from flax.linen.module import merge_param as merge_param  # noqa: F401 (nn.module.merge_param)
 
 from lift.scope import Scope
 

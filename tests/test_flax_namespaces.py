@@ -42,6 +42,7 @@ def test_namespace_functions_are_flaxs():
   np.testing.assert_array_equal(nn.pooling.max_pool(x, (2,)), flax_nn.max_pool(x, (2,)))
   assert nn.attention.make_causal_mask is flax_nn.make_causal_mask
   assert nn.linear.default_kernel_init is flax_nn.linear.default_kernel_init
+  assert nn.module.merge_param('x', None, True) is True  # as Flax's examples call it
 
 
 def _representable(x, dtype):
