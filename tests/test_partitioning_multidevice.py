@@ -3,11 +3,7 @@
 JAX fixes the device count when it starts, so the check runs in a child
 interpreter started with ``--xla_force_host_platform_device_count=8``.
 """
-import os
-import pathlib
 import re
-import subprocess
-import sys
 
 import flax.linen as flax_nn
 import jax
@@ -16,6 +12,7 @@ from flax.linen import partitioning as flax_partitioning
 
 import linen_ext as nn
 from linen_ext import partitioning
+from tests.eight_devices import run_in_child
 from tests.test_partitioning import RULES, X, models
 
 MARK = 'PARTITIONING_OK'
@@ -43,10 +40,5 @@ def run_check():
 
 
 def test_logical_constraints_shard_as_flax_on_8_devices():
-  root = pathlib.Path(__file__).resolve().parents[1]
-  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8',
-         'JAX_PLATFORMS': 'cpu'}
-  code = 'import tests.test_partitioning_multidevice as t; t.run_check()'
-  proc = subprocess.run([sys.executable, '-c', code], cwd=root, env=env,
-                        capture_output=True, text=True, timeout=300)
+  proc = run_in_child('test_partitioning_multidevice.run_check')
   assert MARK in proc.stdout, f'rc={proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}'

@@ -5,10 +5,6 @@ interpreter started with ``--xla_force_host_platform_device_count=8``; each
 test reports one check's result.
 """
 import json
-import os
-import pathlib
-import subprocess
-import sys
 import traceback
 
 import jax
@@ -21,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 import lift
 from lift import errors
 from lift.rng import fold_in_static
+from tests.eight_devices import run_in_child
 from tests.scope_models import counter
 
 CHECKS = {}
@@ -190,12 +187,7 @@ def run_checks():
 
 @pytest.fixture(scope='module')
 def results():
-  root = pathlib.Path(__file__).resolve().parents[1]
-  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8',
-         'JAX_PLATFORMS': 'cpu'}
-  code = 'import tests.test_shard_map_multidevice as t; t.run_checks()'
-  proc = subprocess.run([sys.executable, '-c', code], cwd=root, env=env,
-                        capture_output=True, text=True, timeout=300)
+  proc = run_in_child('test_shard_map_multidevice.run_checks')
   lines = [l for l in proc.stdout.splitlines() if l.startswith(RESULT_MARK)]
   assert lines, f'child failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}'
   return json.loads(lines[-1][len(RESULT_MARK):])
