@@ -102,6 +102,9 @@ def variable_with_axes(collection: str, name: str, init_fn: Callable[..., Any] |
   >>> cache = variable_with_axes('cache', 'k', jnp.zeros, (8, 16), axes=('batch', 'len'))
   """
   module = _current_module(module, 'variable_with_axes')
+  if init_fn is not None and axes is not None:  # the initial value is constrained too
+    init_fn = lambda *args, f=init_fn, **kwargs: with_sharding_constraint(
+        f(*args, **kwargs), axes, fallback=fallback)
   variable = PartitionedVariable(
       module.variable(collection, name, init_fn, *init_args, **init_kwargs), axes, fallback)
   if axes is not None:

@@ -31,21 +31,22 @@ def models(lib, part, depth=3):
       stats = part.variable_with_axes('stats', 'last', jnp.zeros, y.shape,
                                       axes=('batch', 'embed'))
       stats.value = y
+      part.variable_with_axes('cache', 'k', jnp.zeros, y.shape, axes=('batch', 'embed'))
       return y, None
 
   class Layers(lib.Module):
     @lib.compact
     def __call__(self, x):
       scanned = part.scan_with_axes(
-          Block, variable_axes={'params': 0, 'stats': 0}, split_rngs={'params': True},
-          length=depth, axis_name='layers', axes_collections=('params', 'stats'))
+          Block, variable_axes={'params': 0, 'stats': 0, 'cache': 0}, split_rngs={'params': True},
+          length=depth, axis_name='layers', axes_collections=('params', 'stats', 'cache'))
       return scanned(name='layers')(x)[0]
 
   class Heads(lib.Module):
     @lib.compact
     def __call__(self, x):
       heads = part.vmap_with_axes(
-          Block, variable_axes={'params': 1, 'stats': 0}, split_rngs={'params': True},
+          Block, variable_axes={'params': 1, 'stats': 0, 'cache': 0}, split_rngs={'params': True},
           in_axes=None, axis_size=2, partitioning_axis_names={'params': 'heads'})
       return heads(name='heads')(x)[0]
 

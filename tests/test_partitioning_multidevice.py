@@ -29,13 +29,15 @@ def run_check():
     variables = layers.init(jax.random.key(0), X)
     with jax.set_mesh(mesh), part.axis_rules(RULES):
       step = jax.jit(lambda v, m=layers: m.apply(v, X, mutable=['stats']))
-      lowered[name] = step.lower(variables).as_text()
+      lowered[name, 'apply'] = step.lower(variables).as_text()
+      lowered[name, 'init'] = jax.jit(layers.init).lower(jax.random.key(0), X).as_text()
       out, _ = step(variables)
     np.testing.assert_allclose(out, layers.apply(variables, X, mutable=['stats'])[0], atol=1e-6)
-  specs = {name: re.findall(r'sharding_constraint %\w+ (<@mesh, [^>]*>)', text)
-           for name, text in lowered.items()}
-  assert specs['ours'] == specs['flax'], specs
-  assert '<@mesh, [{}, {"model"}]>' in specs['ours'], specs  # w1: ('embed', 'mlp')
+  specs = {key: re.findall(r'sharding_constraint %\w+ (<@mesh, [^>]*>)', text)
+           for key, text in lowered.items()}
+  for stage in ('apply', 'init'):
+    assert specs['ours', stage] == specs['flax', stage], (stage, specs)
+  assert '<@mesh, [{}, {"model"}]>' in specs['ours', 'apply'], specs  # w1: ('embed', 'mlp')
   print(MARK)
 
 
