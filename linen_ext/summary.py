@@ -29,7 +29,9 @@ from flax.core import meta
 
 from lift.filters import DenyList
 from lift.rng import is_prng_key
+from linen_ext.flax_adapter import FlaxModule
 from linen_ext.interception import intercept_methods
+from linen_ext.layers import FlaxLayer
 
 
 class Call(NamedTuple):
@@ -60,14 +62,15 @@ def _recorded(module: Any, rngs: Any, args: tuple, kwargs: dict, mutable: Any):
 
   def recorder(next_fun, call_args, call_kwargs, context):
     module, path = context.module, tuple(context.module.path)
-    if isinstance(module, flax_nn.Module) and (
-        type(module).__module__ == 'linen_ext.flax_adapter'  # scaffolding, not a layer
-        or (wrapped and wrapped[-1] == (path, context.method_name))):  # its wrapper's row
+    skip = isinstance(module, FlaxModule) or (  # flax reports the module it wraps
+        isinstance(module, flax_nn.Module) and (
+            type(module).__module__ == 'linen_ext.flax_adapter'  # scaffolding, not a layer
+            or (wrapped and wrapped[-1] == (path, context.method_name))))  # its wrapper's row
+    if skip:
       return next_fun(*call_args, **call_kwargs)
     index = len(calls)
     calls.append(None)
-    is_wrapper = hasattr(module, 'to_flax') or hasattr(module, 'flax_module')
-    wrapped.append((path, context.method_name) if is_wrapper else None)
+    wrapped.append((path, context.method_name) if isinstance(module, FlaxLayer) else None)
     try:
       y = next_fun(*call_args, **call_kwargs)
     finally:

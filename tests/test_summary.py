@@ -80,7 +80,19 @@ def wrapped_layers(lib):
   return Recurrent()
 
 
+def adopted_flax_modules(lib):
+  class Adopter(lib.Module):
+    @lib.compact
+    def __call__(self, x):
+      dense = flax_nn.Dense(4)
+      if lib is nn:
+        dense = nn.from_flax(dense)
+      return dense(x)
+  return Adopter()
+
+
 CASES = {
+    'from_flax': (adopted_flax_modules, X, dict(compute_flops=True)),
     'plain': (mlp, X, {}),
     'depth': (mlp, X, dict(depth=1)),
     'flops': (mlp, X, dict(compute_flops=True, compute_vjp_flops=True)),
