@@ -46,6 +46,8 @@ class Call(NamedTuple):
 
 
 def _shape(x: Any) -> Any:
+  if isinstance(x, meta.AxisMetadata):  # kept boxed: the table shows its axis names
+    return x.replace_boxed(_shape(x.unbox()))
   if hasattr(x, 'shape') and hasattr(x, 'dtype'):
     return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
   return x

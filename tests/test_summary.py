@@ -148,3 +148,22 @@ def test_tabulate_sees_inside_a_jitted_submodule_already_compiled():
 
   Model().init(jax.random.key(0), X)  # compiles Block's jit without interceptors
   assert 'Block_0/Dense_0' in Model().tabulate(jax.random.key(0), X)
+
+
+def test_boxed_inputs_show_their_axis_names_and_count_flops():
+  """Flax fails here (it unboxes the recorded input); the row shows the box and its FLOPs."""
+  class Use(nn.Module):
+    @nn.compact
+    def __call__(self, x, w):
+      return x @ w.unbox()
+
+  class Top(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      init = nn.with_partitioning(nn.initializers.lecun_normal(), ('embed', 'mlp'))
+      return Use()(x, self.param('w', init, (9, 3), unbox=False))
+
+  table = Top().tabulate(jax.random.key(0), X, compute_flops=True, console_kwargs=PLAIN)
+  row = next(line for line in table.splitlines() if line.startswith('│ Use_0'))
+  assert '│ 864 ' in row  # 16 x 9 x 3 multiply-adds
+  assert "P(embed, mlp)" in table
