@@ -249,7 +249,8 @@ def _table(module: Any, rows: list[Row], collections: list[str], extra: dict[str
   for column, col in zip(table.columns[len(columns):], collections):
     column.footer = _count(*totals[col])
   table.caption_style = 'bold'
-  table.caption = '\nTotal Parameters: ' + _count(*map(sum, zip((0, 0), *totals.values())))
+  grand = (sum(size for size, _ in totals.values()), sum(nbytes for _, nbytes in totals.values()))
+  table.caption = '\nTotal Parameters: ' + _count(*grand)
   return table
 
 
