@@ -15,15 +15,10 @@ import pytest
 import linen_ext as nn
 from linen_ext import errors
 from linen_ext.module import UNSPECIFIED
+from tests.test_module import assert_same_tree
 
 KEY = jax.random.key(0)
 X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
-
-
-def assert_same_tree(a, b):
-  assert jax.tree.structure(a) == jax.tree.structure(b)
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 @pytest.mark.parametrize('lib', [nn, flax_nn], ids=['linen_ext', 'flax'])
