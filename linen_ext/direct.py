@@ -38,7 +38,9 @@ def _unbound(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _prepare(transform: str, fns: Sequence[Callable[..., Any]], module: Module,
              args: tuple, kwargs: dict | None = None) -> tuple[list, Collected]:
   """Scope functions for ``fns`` run on ``module``, and the lifted scopes and arguments."""
-  if not isinstance(module, Module) or module.scope is None:
+  if not isinstance(module, Module):
+    raise errors.NotAModuleError(transform, module)
+  if module.scope is None:
     raise errors.UnboundModuleError(type(module).__name__, f'Calling `nn.{transform}`')
   collected = collect_scopes(module, args, kwargs or {})
   cores = [scope_function(transform, wrap_method(_unbound(fn)), module) for fn in fns]

@@ -179,6 +179,20 @@ class TransformTargetError(ModuleError, TypeError, flax_errors.TransformTargetEr
         f'decorate the method with `@nn.{transform}(...)`.')
 
 
+class NotAModuleError(ModuleError, TypeError):
+  """A function-style transform (`nn.cond`, `nn.vjp`, ...) was given something other than a Module."""
+
+  def __init__(self, transform: str, target: Any):
+    what = type(target).__name__
+    if isinstance(target, (list, tuple)):
+      what += ' of ' + ', '.join(type(item).__name__ for item in target)
+    super().__init__(
+        f'`nn.{transform}` lifts one module, passed after the functions; got a '
+        f'{what}. Fix: pass the parent module '
+        f'(`self`) and reach its submodules inside the functions, e.g. '
+        f'`nn.{transform}(..., self, x)` with `lambda mdl, x: mdl.dense(x)`.')
+
+
 class TransformedReturnError(ModuleError, TypeError,
                              flax_errors.TransformedMethodReturnValueError):
   """A transformed method returned a Module or a Variable."""

@@ -262,3 +262,18 @@ def test_errors_are_also_flax_errors_where_flax_has_one():
     Mlp.init(KEY, X)
   with pytest.raises(ValueError, match='unbound'):
     Mlp().variables
+
+
+@pytest.mark.parametrize('transform', ['cond', 'switch'])
+def test_function_transform_given_a_list_of_modules(transform):
+  class Branches(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      dense = [nn.Dense(2, name=f'd{i}') for i in range(2)]
+      fns = [lambda mdl, x, i=i: mdl[i](x) for i in range(2)]
+      if transform == 'cond':
+        return nn.cond(True, fns[0], fns[1], dense, x)
+      return nn.switch(1, fns, dense, x)
+
+  with pytest.raises(errors.NotAModuleError, match=rf'`nn.{transform}`.*list of Dense, Dense.*self'):
+    Branches().init(KEY, X)
