@@ -82,17 +82,26 @@ class FlaxLayer(Module):
 
 
 class Dense(FlaxLayer):
-  """`flax.linen.Dense`: ``y = x @ kernel + bias``."""
+  """`flax.linen.Dense`: ``y = x @ kernel + bias``.
+
+  >>> Dense(3).init(key, jnp.ones((2, 4)))  # params: kernel (4, 3), bias (3,)
+  """
   flax_class = flax_nn.Dense
 
 
 class DenseGeneral(FlaxLayer):
-  """`flax.linen.DenseGeneral`: a dense layer over several axes."""
+  """`flax.linen.DenseGeneral`: a dense layer over several axes.
+
+  >>> DenseGeneral((2, 3), axis=-1).init(key, jnp.ones((5, 4)))  # kernel (4, 2, 3)
+  """
   flax_class = flax_nn.DenseGeneral
 
 
 class Conv(FlaxLayer):
-  """`flax.linen.Conv` (padding 'SAME', 'VALID', 'CIRCULAR', 'CAUSAL', ...)."""
+  """`flax.linen.Conv` (padding 'SAME', 'VALID', 'CIRCULAR', 'CAUSAL', ...).
+
+  >>> Conv(8, kernel_size=(3,), padding='CAUSAL').init(key, jnp.ones((2, 16, 4)))
+  """
   flax_class = flax_nn.Conv
 
 
@@ -106,47 +115,75 @@ class Embed(FlaxLayer):
 
 
 class LayerNorm(FlaxLayer):
-  """`flax.linen.LayerNorm`."""
+  """`flax.linen.LayerNorm`.
+
+  >>> LayerNorm().init(key, jnp.ones((2, 4)))  # params: scale, bias
+  """
   flax_class = flax_nn.LayerNorm
 
 
 class RMSNorm(FlaxLayer):
-  """`flax.linen.RMSNorm`."""
+  """`flax.linen.RMSNorm`.
+
+  >>> RMSNorm().init(key, jnp.ones((2, 4)))  # params: scale
+  """
   flax_class = flax_nn.RMSNorm
 
 
 class BatchNorm(FlaxLayer):
-  """`flax.linen.BatchNorm`; running statistics live in 'batch_stats'."""
+  """`flax.linen.BatchNorm`; running statistics live in 'batch_stats'.
+
+  >>> y, updates = BatchNorm(use_running_average=False).apply(
+  ...     variables, x, mutable=['batch_stats'])
+  """
   flax_class = flax_nn.BatchNorm
 
 
 class GroupNorm(FlaxLayer):
-  """`flax.linen.GroupNorm`: normalizes over groups of channels (``num_groups`` or ``group_size``)."""
+  """`flax.linen.GroupNorm`: normalizes over groups of channels (``num_groups`` or ``group_size``).
+
+  >>> GroupNorm(num_groups=2).init(key, jnp.ones((2, 5, 4)))
+  """
   flax_class = flax_nn.GroupNorm
 
 
 class InstanceNorm(FlaxLayer):
-  """`flax.linen.InstanceNorm`: normalizes each example's features over the other axes."""
+  """`flax.linen.InstanceNorm`: normalizes each example's features over the other axes.
+
+  >>> InstanceNorm().init(key, jnp.ones((2, 5, 4)))
+  """
   flax_class = flax_nn.InstanceNorm
 
 
 class ConvTranspose(FlaxLayer):
-  """`flax.linen.ConvTranspose`: the transposed (fractionally strided) convolution."""
+  """`flax.linen.ConvTranspose`: the transposed (fractionally strided) convolution.
+
+  >>> ConvTranspose(4, kernel_size=(3,), strides=(2,)).init(key, jnp.ones((1, 8, 2)))
+  """
   flax_class = flax_nn.ConvTranspose
 
 
 class ConvLocal(FlaxLayer):
-  """`flax.linen.ConvLocal`: a convolution with unshared weights per output position."""
+  """`flax.linen.ConvLocal`: a convolution with unshared weights per output position.
+
+  >>> ConvLocal(4, kernel_size=(3,)).init(key, jnp.ones((1, 8, 2)))
+  """
   flax_class = flax_nn.ConvLocal
 
 
 class Einsum(FlaxLayer):
-  """`flax.linen.Einsum`: ``einsum(einsum_str, x, kernel) + bias`` with a kernel of ``shape``."""
+  """`flax.linen.Einsum`: ``einsum(einsum_str, x, kernel) + bias`` with a kernel of ``shape``.
+
+  >>> Einsum((4, 3), 'nk,kd->nd').init(key, jnp.ones((2, 4)))
+  """
   flax_class = flax_nn.Einsum
 
 
 class PReLU(FlaxLayer):
-  """`flax.linen.PReLU`: leaky ReLU with a learned negative slope."""
+  """`flax.linen.PReLU`: leaky ReLU with a learned negative slope.
+
+  >>> PReLU().init(key, jnp.ones((2, 4)))  # params: negative_slope
+  """
   flax_class = flax_nn.PReLU
 
 
@@ -167,47 +204,74 @@ class _RecurrentCell(FlaxLayer):
 
 
 class LSTMCell(_RecurrentCell):
-  """`flax.linen.LSTMCell`: ``(carry, x) -> (carry, y)``."""
+  """`flax.linen.LSTMCell`: ``(carry, x) -> (carry, y)``.
+
+  >>> cell = LSTMCell(8); carry = cell.initialize_carry(key, (2, 4))
+  """
   flax_class = flax_nn.LSTMCell
 
 
 class GRUCell(_RecurrentCell):
-  """`flax.linen.GRUCell`: ``(carry, x) -> (carry, y)``."""
+  """`flax.linen.GRUCell`: ``(carry, x) -> (carry, y)``.
+
+  >>> cell = GRUCell(8); carry = cell.initialize_carry(key, (2, 4))
+  """
   flax_class = flax_nn.GRUCell
 
 
 class OptimizedLSTMCell(_RecurrentCell):
-  """`flax.linen.OptimizedLSTMCell`: `LSTMCell`'s parameters, fused matmuls."""
+  """`flax.linen.OptimizedLSTMCell`: `LSTMCell`'s parameters, fused matmuls.
+
+  >>> RNN(OptimizedLSTMCell(8)).init(key, jnp.ones((2, 5, 4)))
+  """
   flax_class = flax_nn.OptimizedLSTMCell
 
 
 class SimpleCell(_RecurrentCell):
-  """`flax.linen.SimpleCell`: the Elman cell ``h = act(W x + U h + b)``."""
+  """`flax.linen.SimpleCell`: the Elman cell ``h = act(W x + U h + b)``.
+
+  >>> RNN(SimpleCell(8)).init(key, jnp.ones((2, 5, 4)))
+  """
   flax_class = flax_nn.SimpleCell
 
 
 class MGUCell(_RecurrentCell):
-  """`flax.linen.MGUCell`: the minimal gated unit."""
+  """`flax.linen.MGUCell`: the minimal gated unit.
+
+  >>> RNN(MGUCell(8)).init(key, jnp.ones((2, 5, 4)))
+  """
   flax_class = flax_nn.MGUCell
 
 
 class ConvLSTMCell(_RecurrentCell):
-  """`flax.linen.ConvLSTMCell`: an LSTM cell whose matmuls are convolutions."""
+  """`flax.linen.ConvLSTMCell`: an LSTM cell whose matmuls are convolutions.
+
+  >>> RNN(ConvLSTMCell(8, kernel_size=(3, 3))).init(key, jnp.ones((2, 5, 16, 16, 3)))
+  """
   flax_class = flax_nn.ConvLSTMCell
 
 
 class MultiHeadDotProductAttention(FlaxLayer):
-  """`flax.linen.MultiHeadDotProductAttention` (decode cache in 'cache')."""
+  """`flax.linen.MultiHeadDotProductAttention` (decode cache in 'cache').
+
+  >>> MultiHeadDotProductAttention(num_heads=2).init(key, q, k, v)
+  """
   flax_class = flax_nn.MultiHeadDotProductAttention
 
 
 class SelfAttention(FlaxLayer):
-  """`flax.linen.SelfAttention`."""
+  """`flax.linen.SelfAttention`.
+
+  >>> SelfAttention(num_heads=2).init(key, jnp.ones((2, 5, 8)))
+  """
   flax_class = flax_nn.SelfAttention
 
 
 class MultiHeadAttention(FlaxLayer):
-  """`flax.linen.MultiHeadAttention`: `MultiHeadDotProductAttention` under its own auto-name."""
+  """`flax.linen.MultiHeadAttention`: `MultiHeadDotProductAttention` under its own auto-name.
+
+  >>> MultiHeadAttention(num_heads=2).init(key, q, k, v)
+  """
   flax_class = flax_nn.MultiHeadAttention
 
 
@@ -233,7 +297,10 @@ Fp8DotGeneral = Fp8DirectDotGeneralOp
 
 
 class NANOOFp8DotGeneralOp(FlaxLayer):
-  """`flax.linen.NANOOFp8DotGeneralOp`: `Fp8DotGeneralOp` with the fnuz fp8 types."""
+  """`flax.linen.NANOOFp8DotGeneralOp`: `Fp8DotGeneralOp` with the fnuz fp8 types.
+
+  >>> DenseGeneral(4, dot_general_cls=NANOOFp8DotGeneralOp)
+  """
   flax_class = flax_nn.NANOOFp8DotGeneralOp
 
 
