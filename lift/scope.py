@@ -247,12 +247,20 @@ class Scope:
     """Writes a variable; the collection must be mutable."""
     self._check_valid()
     if not self.is_mutable_collection(col):
-      self._check_lifted(col, name)
+      self.check_lifted(col, name)
       raise errors.ImmutableCollectionError(col, name, self.path_text)
     self._mutable_collection(col)[name] = value
 
-  def _check_lifted(self, col: str, name: str):
-    """Raises for a write or creation in a collection this scope's transform does not return."""
+  def check_lifted(self, col: str, name: str):
+    """Raises `UnliftedCollectionError` if writing ``col``/``name`` here would be lost.
+
+    That is when ``col`` is mutable outside a lifted transform that made
+    this scope but the transform does not return it (inside, as in Flax,
+    ``col`` is immutable). A write to a collection immutable everywhere is
+    left to the caller.
+
+    >>> scope.check_lifted('batch_stats', 'mean')  # raises inside vmap(variable_axes={'params': 0})
+    """
     if in_filter(self.root._unlifted, col):
       raise errors.UnliftedCollectionError(col, name, self.path_text, self.root._debug_name)
 
@@ -262,7 +270,7 @@ class Scope:
     self.reserve(name, col)
     if not self.has_variable(col, name):
       if init_fn is not None:
-        self._check_lifted(col, name)
+        self.check_lifted(col, name)
       if init_fn is None or not self.is_mutable_collection(col):
         if self.is_collection_empty(col) and not self.is_mutable_collection(col):
           raise errors.MissingCollectionError(col, name, self.path_text)
@@ -282,7 +290,7 @@ class Scope:
       self._check_param_shape(name, value, init_fn, init_args, init_kwargs)
     else:
       if not self.is_mutable_collection('params'):
-        self._check_lifted('params', name)
+        self.check_lifted('params', name)
         if self.is_collection_empty('params'):
           raise errors.MissingCollectionError('params', name, self.path_text)
         raise errors.MissingParamError(name, self.path_text)

@@ -32,10 +32,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.core
+import flax.errors
 import flax.linen as flax_nn
 
 from lift._counters import total
@@ -288,13 +290,35 @@ def _run_root(scope: Scope, members: Mapping[str, Scope] | None, base: tuple[str
   else:
     root, method = (_Path(base) if base else _Group()), None
   capture = _capture_filter()
-  with flax_nn.override_named_call(False):
+  with flax_nn.override_named_call(False), _our_write_errors(scope):
     y, out = _run_flax_entry(root, method, scope, call, base, existing, rngs, initializing,
                              capture)
   for col, tree in out.items():
     if scope.is_mutable_collection(col):
       _write(scope, members, col, _at(base, tree))
   return y
+
+
+_FLAX_WRITE_ERRORS = (flax.errors.ScopeCollectionNotFound, flax.errors.ScopeVariableNotFoundError,
+                      flax.errors.ModifyScopeVariableError)
+
+
+@contextlib.contextmanager
+def _our_write_errors(scope: Scope):
+  """Flax's error for a write to an immutable collection becomes ours where ours says more.
+
+  Inside a lifted transform that does not return a collection that is
+  mutable outside it, flax only sees an immutable collection; ours names the
+  transform and the fix (`UnliftedCollectionError`).
+  """
+  try:
+    yield
+  except _FLAX_WRITE_ERRORS as e:
+    names = re.findall(r'"([^"]*)"', str(e))  # each message names the variable first
+    col = re.search(r'collection "([^"]*)"', str(e))
+    if names and col:
+      scope.check_lifted(col.group(1), names[0])
+    raise
 
 
 def _run_flax_entry(root, method, scope: Scope, call: FlaxCall, base: tuple[str, ...],

@@ -433,3 +433,27 @@ def test_batch_apply_merges_leading_axes_around_a_native_module():
   kernel, bias = variables['params']['Dense_0']['kernel'], variables['params']['Dense_0']['bias']
   np.testing.assert_allclose(Model().apply(variables, x), x @ kernel + bias[None, None],
                              rtol=1e-5, atol=1e-6)
+
+
+class _VmappedBatchNorm(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    norm = nn.vmap(lambda mdl, x: mdl(x), variable_axes={'params': 0},
+                   split_rngs={'params': True})
+    return norm(nn.BatchNorm(use_running_average=False), x)
+
+
+def test_wrapped_layer_writing_a_collection_a_transform_does_not_return():
+  # Flax: ScopeCollectionNotFound ('the collection is empty'); ours names the transform and fix.
+  from lift.errors import UnliftedCollectionError
+  with pytest.raises(UnliftedCollectionError,
+                     match=r'"mean".*"batch_stats" is mutable outside the lifted `vmap`.*variable_axes'):
+    _VmappedBatchNorm().init(KEY, X)
+
+
+def test_wrapped_layer_reading_a_missing_collection_keeps_flax_error():
+  import flax.errors
+  layer = nn.BatchNorm(use_running_average=False)
+  variables = layer.init(KEY, X)
+  with pytest.raises(flax.errors.ScopeCollectionNotFound, match='"mean".*"batch_stats"'):
+    layer.apply({'params': variables['params']}, X)
