@@ -245,6 +245,12 @@ class TransformArgumentError(LiftError, TypeError):
   wrong type or value."""
 
 
+class PackProtocolError(LiftError, TypeError):
+  """A function given to `pack` broke its contract: it passed `scope_fn` or
+  returned from `repack_fn` groups that do not match the filters (one group per
+  filter, one entry per lifted root scope), or did not return `(y, out_groups)`."""
+
+
 class JitArgumentError(LiftError, TypeError):
   """A call of a lifted `jit` passes a value it cannot trace or cache: a
   non-array argument not marked static, or an unhashable static value."""

@@ -34,6 +34,11 @@ _NO_KWARGS = (
     'packed with enable_kwargs=False. Fix: pass them positionally, or pack with '
     'enable_kwargs=True.')
 
+_NOT_A_PAIR = (
+    'Packed function `{name}` returned a value of type {got}; it must return `(y, out_groups)`, '
+    'with `out_groups = repack_fn(scope)`. Fix: return the pair, e.g. '
+    '`return fn(scope, *args), repack_fn(scope)`.')
+
 
 class LiftedScopes(NamedTuple):
   """The result of :func:`dedup_scopes`."""
@@ -113,10 +118,35 @@ def _union(filters: Sequence[Filter]) -> Filter:
   return functools.reduce(union_filters, filters, False)
 
 
+_BAD_GROUPS = (
+    'Packed function `{name}`: {what} must hold one group per entry of '
+    '`{filters}` ({expected}), each a sequence with one dict per lifted root scope '
+    '({roots}); got {got}. Fix: pass on the groups `pack` gave the function, '
+    'transformed but in the same structure.')
+
+
+def _check_groups(what: str, groups: Any, filters: str, spec: PackSpec, roots: int):
+  expected = len(getattr(spec, filters))
+  ok = (isinstance(groups, Sequence) and len(groups) == expected
+        and all(isinstance(g, Sequence) and len(g) == roots for g in groups))
+  if not ok:
+    got = type(groups).__name__
+    if isinstance(groups, Sequence):
+      sizes = [len(g) if isinstance(g, Sequence) else type(g).__name__ for g in groups]
+      got = f'{len(groups)} groups of sizes {sizes}'
+    pack_name = {'in_filters': 'in_variable_filters', 'out_filters': 'out_variable_filters'}
+    raise errors.PackProtocolError(_BAD_GROUPS.format(
+        name=spec.name or 'pack', what=what,
+        filters=pack_name.get(filters, filters), expected=expected, roots=roots, got=got))
+
+
 def reconstruct(lifted: LiftedScopes, spec: PackSpec, created: list[Scope],
                 variable_groups: VariableGroups, rng_groups: RngGroups,
                 mutable_filter: Filter = True) -> Any:
   """Stage 4 (``scope_fn``): fresh inner scopes from groups, in the caller's scope tree shape."""
+  roots = len(lifted.roots)
+  _check_groups('the variable_groups given to scope_fn', variable_groups, 'in_filters', spec, roots)
+  _check_groups('the rng_groups given to scope_fn', rng_groups, 'rng_filters', spec, roots)
   inner_roots = []
   for i, outer in enumerate(lifted.roots):
     variables = {col: copy_structure(tree)
@@ -196,10 +226,15 @@ def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
     scope_fn = functools.partial(reconstruct, lifted, spec, created)
     repack_fn = functools.partial(repack, lifted, spec)
     try:
-      y, out_groups = fn(scope_fn, repack_fn, variable_groups, rng_groups, *args, **kwargs)
+      result = fn(scope_fn, repack_fn, variable_groups, rng_groups, *args, **kwargs)
     finally:
       for inner in created:
         inner.invalidate()
+    if not (isinstance(result, tuple) and len(result) == 2):
+      raise errors.PackProtocolError(_NOT_A_PAIR.format(name=name or 'pack',
+                                                        got=type(result).__name__))
+    y, out_groups = result
+    _check_groups('the out_groups it returns', out_groups, 'out_filters', spec, len(lifted.roots))
     commit(lifted.roots, out_groups)
     return y
 

@@ -185,3 +185,31 @@ def test_scope_and_variable_captured_inside_are_invalid_after_return():
 def test_pack_validates_filters_when_built():
   with pytest.raises(errors.InvalidFilterError):
     lift.pack(lambda *a: None, (3,), (True,), (True,))
+
+
+def _custom_pack(body, in_filters=('params', True)):
+  return lift.pack(body, in_filters, (True,), (True,), name='custom')
+
+
+def test_scope_fn_given_fewer_groups_than_in_filters_raises():
+  def drop_second(scope_fn, repack_fn, variable_groups, rng_groups, x):
+    scope = scope_fn(variable_groups[:1], rng_groups)  # 'rest' would be lost
+    return dense(scope, x, 2), repack_fn(scope)
+  with pytest.raises(errors.PackProtocolError,
+                     match=r'`custom`: the variable_groups given to scope_fn.*in_variable_filters` \(2\)'):
+    lift.init(lambda s, x: _custom_pack(drop_second)(s, x))(jax.random.key(0), jnp.ones((2, 3)))
+
+
+def test_packed_function_must_return_y_and_out_groups():
+  def only_y(scope_fn, repack_fn, variable_groups, rng_groups, x):
+    return dense(scope_fn(variable_groups, rng_groups), x, 2)
+  with pytest.raises(errors.PackProtocolError, match=r'`custom` returned.*\(y, out_groups\)'):
+    lift.init(lambda s, x: _custom_pack(only_y)(s, x))(jax.random.key(0), jnp.ones((2, 3)))
+
+
+def test_out_groups_must_match_out_filters():
+  def extra_group(scope_fn, repack_fn, variable_groups, rng_groups, x):
+    scope = scope_fn(variable_groups, rng_groups)
+    return dense(scope, x, 2), repack_fn(scope) + (({},),)
+  with pytest.raises(errors.PackProtocolError, match=r'out_groups it returns.*out_variable_filters` \(1\)'):
+    lift.init(lambda s, x: _custom_pack(extra_group)(s, x))(jax.random.key(0), jnp.ones((2, 3)))
