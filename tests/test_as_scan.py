@@ -151,6 +151,7 @@ NOT_CAUSAL = {
     "gather_time": (lambda x: x[jnp.array([1, 0, 2, 3, 5, 4])],
                     "`gather`.*gathers along the scan axis"),
     "sort_time": (lambda x: jnp.sort(x, axis=0), "`sort`.*sorts along"),
+    "top_k_time": (lambda x: lax.top_k(x, T, axis=0)[0], "`top_k`.*top k along"),
     "while_loop": (lambda x: lax.while_loop(
         lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2), (0, x))[1],
                    "no rule for primitive `while`.*register_scan_rule"),

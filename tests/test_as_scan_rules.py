@@ -70,6 +70,8 @@ SHAPES = {
     "sort_features": lambda x: jnp.sort(x, axis=1) + jnp.argsort(
         x, axis=1).astype(x.dtype),
     "static_index": lambda x: x[:, 1:2] * x[:, 0][:, None],
+    "top_k_features": lambda x: jnp.concatenate(
+        [lax.top_k(x, 2)[0], lax.top_k(x.T, 1, axis=0)[1].T.astype(x.dtype)], axis=1),
 }
 LINEAR = {
     "dot_free": lambda x: x @ W,

@@ -30,6 +30,10 @@ SORTS_TIME = (
     "it sorts along the scan axis {axis}; element t of the result may come "
     "from any position of the sequence."
 )
+TOP_K_OVER_TIME = (
+    "it picks the top k along the scan axis {axis}; element t of the result may "
+    "come from any position of the sequence."
+)
 
 
 def broadcast_in_dim_rule(eqn: Eqn, *, shape, broadcast_dimensions,
@@ -128,6 +132,18 @@ def sort_rule(eqn: Eqn, *, dimension, **params) -> StepForm:
   return forms.stateless(eqn, [eqn.stream(axis)] * len(eqn.out_avals), fn)
 
 
+def top_k_rule(eqn: Eqn, *, axis, **params) -> StepForm:
+  """Top k along an axis other than the scan axis: one step's top k per step."""
+  time = eqn.operands[0].axis
+  if axis == time:
+    raise eqn.error(TOP_K_OVER_TIME.format(axis=time))
+
+  def fn(index, args):
+    return forms.bind(eqn, args, params, axis=axis - (axis > time))
+
+  return forms.stateless(eqn, [eqn.stream(time)] * 2, fn)
+
+
 def _register_all() -> None:
   prims = _compat.scan_primitives
   register_scan_rule(prims.broadcast_in_dim_p, broadcast_in_dim_rule)
@@ -136,6 +152,7 @@ def _register_all() -> None:
   register_scan_rule(prims.transpose_p, transpose_rule)
   register_scan_rule(prims.rev_p, rev_rule)
   register_scan_rule(prims.sort_p, sort_rule)
+  register_scan_rule(prims.top_k_p, top_k_rule)
 
 
 _register_all()
