@@ -125,19 +125,19 @@ _BAD_GROUPS = (
     'transformed but in the same structure.')
 
 
-def _check_groups(what: str, groups: Any, filters: str, spec: PackSpec, roots: int):
-  expected = len(getattr(spec, filters))
-  ok = (isinstance(groups, Sequence) and len(groups) == expected
-        and all(isinstance(g, Sequence) and len(g) == roots for g in groups))
-  if not ok:
-    got = type(groups).__name__
-    if isinstance(groups, Sequence):
-      sizes = [len(g) if isinstance(g, Sequence) else type(g).__name__ for g in groups]
-      got = f'{len(groups)} groups of sizes {sizes}'
-    pack_name = {'in_filters': 'in_variable_filters', 'out_filters': 'out_variable_filters'}
-    raise errors.PackProtocolError(_BAD_GROUPS.format(
-        name=spec.name or 'pack', what=what,
-        filters=pack_name.get(filters, filters), expected=expected, roots=roots, got=got))
+def _check_groups(what: str, groups: Any, filters: str, expected: int, spec: PackSpec,
+                  roots: int):
+  """Raises `PackProtocolError` unless ``groups`` holds ``expected`` groups of ``roots`` dicts."""
+  if (isinstance(groups, Sequence) and len(groups) == expected
+      and all(isinstance(g, Sequence) and len(g) == roots for g in groups)):
+    return
+  got = type(groups).__name__
+  if isinstance(groups, Sequence):
+    sizes = [len(g) if isinstance(g, Sequence) else type(g).__name__ for g in groups]
+    got = f'{len(groups)} groups of sizes {sizes}'
+  raise errors.PackProtocolError(_BAD_GROUPS.format(
+      name=spec.name or 'pack', what=what, filters=filters, expected=expected, roots=roots,
+      got=got))
 
 
 def reconstruct(lifted: LiftedScopes, spec: PackSpec, created: list[Scope],
@@ -145,8 +145,10 @@ def reconstruct(lifted: LiftedScopes, spec: PackSpec, created: list[Scope],
                 mutable_filter: Filter = True) -> Any:
   """Stage 4 (``scope_fn``): fresh inner scopes from groups, in the caller's scope tree shape."""
   roots = len(lifted.roots)
-  _check_groups('the variable_groups given to scope_fn', variable_groups, 'in_filters', spec, roots)
-  _check_groups('the rng_groups given to scope_fn', rng_groups, 'rng_filters', spec, roots)
+  _check_groups('the variable_groups given to scope_fn', variable_groups,
+                'in_variable_filters', len(spec.in_filters), spec, roots)
+  _check_groups('the rng_groups given to scope_fn', rng_groups, 'rng_filters',
+                len(spec.rng_filters), spec, roots)
   inner_roots = []
   for i, outer in enumerate(lifted.roots):
     variables = {col: copy_structure(tree)
@@ -234,7 +236,8 @@ def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
       raise errors.PackProtocolError(_NOT_A_PAIR.format(name=name or 'pack',
                                                         got=type(result).__name__))
     y, out_groups = result
-    _check_groups('the out_groups it returns', out_groups, 'out_filters', spec, len(lifted.roots))
+    _check_groups('the out_groups it returns', out_groups, 'out_variable_filters',
+                  len(spec.out_filters), spec, len(lifted.roots))
     commit(lifted.roots, out_groups)
     return y
 

@@ -87,7 +87,8 @@ class SubmoduleOutsideSetupError(ModuleError, ValueError, flax_errors.AssignSubM
   def __init__(self, cls_name: str, what: str):
     super().__init__(
         f'{what} must be initialized in `setup()` or in a method marked `@compact`, '
-        f'but was created inside another method of `{cls_name}`. Submodules and '
+        f'but was created on `{cls_name}` elsewhere (in another of its methods, or in '
+        'a function it was passed to, e.g. by `nn.vjp`). Submodules and '
         'variables are defined in one of those so their names are stable. Fix: '
         'decorate the method with `@nn.compact`, or define them in `setup()`.')
 
