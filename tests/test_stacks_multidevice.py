@@ -4,9 +4,13 @@ A `Stacked` model and a `scan_layers` model with partitioned kernels are
 initialized and trained under `jax.jit` with the shardings that
 `nn.get_partition_spec` gives: the loss and the updated parameters must equal
 the single-device step's, and every parameter must come back with its spec
-(the stack's layer axis added by `metadata_params`). JAX fixes the device count
+(the stack's layer axis added by `metadata_params`); with the layer axis
+unsharded, no kernel is all-gathered whole (the stacking of `scan_layers`
+keeps the per-layer shardings). JAX fixes the device count
 when it starts, so the check runs in a child interpreter.
 """
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -79,8 +83,12 @@ def run_check():
     sharded = jax.jit(lambda key: nn.unbox(model.init(key, X)), out_shardings=shardings)(
         jax.random.key(0))
     step = _train_step(model)
-    loss, updated = jax.jit(step, in_shardings=(shardings, batch),
-                            out_shardings=(None, shardings))(sharded, X)
+    sharded_step = jax.jit(step, in_shardings=(shardings, batch), out_shardings=(None, shardings))
+    loss, updated = sharded_step(sharded, X)
+    if 'layers on data' not in name:  # a kernel is never gathered whole: (layers,) 16 x 32
+      hlo = sharded_step.lower(sharded, X).compile().as_text()
+      gathered = re.findall(r'f32\[(?:\d+,)?(?:16,32|32,16)\]\S* all-gather\(', hlo)
+      assert not gathered, (name, gathered)
     expected_loss, expected = jax.jit(step)(variables, X)
     np.testing.assert_allclose(loss, expected_loss, rtol=1e-5, err_msg=name)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6,
