@@ -232,7 +232,7 @@ def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
     finally:
       for inner in created:
         inner.invalidate()
-    if not (isinstance(result, tuple) and len(result) == 2):
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
       raise errors.PackProtocolError(_NOT_A_PAIR.format(name=name or 'pack',
                                                         got=type(result).__name__))
     y, out_groups = result
