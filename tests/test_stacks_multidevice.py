@@ -62,12 +62,12 @@ def _train_step(model):
   return step
 
 
-def _expected_specs():
-  return {
-      'Stacked': (P(None, None, 'model'), P(None, 'model', None)),
-      'Stacked, layers on data': (P('data', None, 'model'), P('data', 'model', None)),
-      'scan_layers': (P(None, 'model'), P('model', None)),
-  }
+# (up kernel, down kernel) specs of each model's parameters
+EXPECTED_SPECS = {
+    'Stacked': (P(None, None, 'model'), P(None, 'model', None)),
+    'Stacked, layers on data': (P('data', None, 'model'), P('data', 'model', None)),
+    'scan_layers': (P(None, 'model'), P('model', None)),
+}
 
 
 def run_check():
@@ -95,7 +95,7 @@ def run_check():
                                                          err_msg=name), updated, expected)
     kernels = [(path, leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(updated)
                if 'kernel' in jax.tree_util.keystr(path)]
-    up_spec, down_spec = _expected_specs()[name]
+    up_spec, down_spec = EXPECTED_SPECS[name]
     for path, leaf in kernels:
       spec = up_spec if 'Dense_0' in jax.tree_util.keystr(path) else down_spec
       assert leaf.sharding.spec == spec, (name, jax.tree_util.keystr(path), leaf.sharding.spec)
