@@ -51,7 +51,7 @@ class MissingParamError(LiftError, flax_errors.ScopeParamNotFoundError):
 
   def __init__(self, name, path):
     super().__init__(
-        f'No parameter "{name}" in collection "params" at "{_path_text(path)}". '
+        f'Could not find parameter named "{name}" in scope "{_path_text(path)}". '
         'It cannot be created because "params" is not mutable here. Fix: '
         'initialise the variables first with `init`, or check that the '
         'variables passed to `apply` come from the same model (a renamed '
@@ -64,23 +64,24 @@ class MissingVariableError(LiftError, flax_errors.ScopeVariableNotFoundError):
 
   def __init__(self, col, name, path):
     super().__init__(
-        f'No variable "{name}" in collection "{col}" at "{_path_text(path)}", '
-        'and it cannot be created here: either no init_fn was given or the '
+        f'No Variable named "{name}" for collection "{col}" exists in '
+        f'"{_path_text(path)}", and it cannot be created here: either no init_fn was given or the '
         f'collection "{col}" is not mutable. Fix: pass an init_fn and '
         f'`mutable=["{col}"]` (or `mutable=True`) to `apply`/`init`.')
     self.collection, self.name, self.path = col, name, path
 
 
 class MissingCollectionError(LiftError, flax_errors.ScopeCollectionNotFound):
-  """A variable was requested from a collection that is absent and immutable."""
+  """A variable was requested from an absent collection, and cannot be created there
+  (no init_fn, or the collection is immutable)."""
 
   def __init__(self, col, name, path):
     super().__init__(
-        f'Collection "{col}" is missing, so variable "{name}" at '
-        f'"{_path_text(path)}" cannot be read, and it cannot be created because '
-        f'"{col}" is not mutable. Fix: include "{col}" in the variables passed '
-        f'to `apply` (e.g. `{{"{col}": ...}}`), or make it mutable with '
-        f'`mutable=["{col}"]` to create it.')
+        f'Tried to access "{name}" from collection "{col}" in "{_path_text(path)}" '
+        'but the collection is empty, and the variable cannot be created here (no '
+        f'init_fn, or "{col}" is not mutable). Fix: include "{col}" in the variables '
+        f'passed to `apply` (e.g. `{{"{col}": ...}}`), or create the variable: give '
+        f'an init_fn and make the collection mutable (`mutable=["{col}"]`).')
     self.collection, self.name, self.path = col, name, path
 
 
@@ -89,9 +90,9 @@ class ParamShapeError(LiftError, flax_errors.ScopeParamShapeError):
 
   def __init__(self, name, path, existing_shape, expected_shape):
     super().__init__(
-        f'Parameter "{name}" at "{_path_text(path)}" (collection "params") has '
-        f'shape {existing_shape} but its initializer produces shape '
-        f'{expected_shape}. The variables do not match the model '
+        f'For parameter "{name}" in "{_path_text(path)}", the given initializer is '
+        f'expected to generate shape {expected_shape}, but the existing parameter it '
+        f'received has shape {existing_shape}. The variables do not match the model '
         'configuration or the input shape. Fix: re-initialise the variables '
         'for this configuration, or pass inputs of the shape used at init.')
     self.name, self.path = name, path
@@ -103,8 +104,8 @@ class ImmutableCollectionError(LiftError, flax_errors.ModifyScopeVariableError):
 
   def __init__(self, col, name, path):
     super().__init__(
-        f'Cannot write variable "{name}" at "{_path_text(path)}": collection '
-        f'"{col}" is immutable here. Fix: pass `mutable=["{col}"]` to `apply` '
+        f'Cannot update variable "{name}" in "{_path_text(path)}" because collection '
+        f'"{col}" is immutable. Fix: pass `mutable=["{col}"]` to `apply` '
         '(or `mutable=True`); inside a lifted transform, also make sure the '
         f'transform returns "{col}" (for example list it in `variable_axes`, '
         '`variable_carry` or the `variables` filter).')
@@ -114,11 +115,11 @@ class ImmutableCollectionError(LiftError, flax_errors.ModifyScopeVariableError):
 class UnknownRngError(LiftError, flax_errors.InvalidRngError):
   """`make_rng` asked for a stream that this scope does not have."""
 
-  def __init__(self, rng_name, path, available):
+  def __init__(self, rng_name, path, available, scope_name=None):
     super().__init__(
-        f'Scope "{_path_text(path)}" needs PRNG stream "{rng_name}", but only '
-        f'{sorted(available)} are available here (no "params" stream to fall '
-        f'back on either). Fix: pass it, e.g. `rngs={{"{rng_name}": key}}` to '
+        f'{scope_name} needs PRNG for "{rng_name}": scope "{_path_text(path)}" has only '
+        f'the streams {sorted(available)} (and no "params" stream to fall '
+        f'back on). Fix: pass it, e.g. `rngs={{"{rng_name}": key}}` to '
         '`init`/`apply`; inside a lifted transform, make sure the transform\'s '
         f'rng filter (`split_rngs` / `rngs`) matches "{rng_name}".')
     self.rng_name, self.path = rng_name, path
@@ -170,9 +171,10 @@ class UnliftedCollectionError(UnmappedCollectionError, ImmutableCollectionError)
 
   def __init__(self, col, name, path, transform_name):
     LiftError.__init__(
-        self, f'Cannot write variable "{name}" at "{_path_text(path)}": collection '
-        f'"{col}" is mutable outside the lifted `{transform_name or "pack"}` but it does '
-        'not return it, so the write would be lost. Fix: make the transform return '
+        self, f'Cannot update variable "{name}" in "{_path_text(path)}" because collection '
+        f'"{col}" is immutable inside the lifted `{transform_name or "pack"}`: it is '
+        'mutable outside, but the transform does not return it, so the write would be '
+        'lost. Fix: make the transform return '
         f'"{col}": for vmap/scan add it to `variable_axes`, `variable_broadcast` or '
         '`variable_carry`; for map_variables pass `mutable=True` (and `init=True` to '
         'create it); for other transforms include it in `variables`.')

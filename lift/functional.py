@@ -18,13 +18,16 @@ _BAD_VARIABLES = (
     'got {what}. Fix: pass the dict returned by `init` (or its mutated '
     'collections merged back in).')
 _NESTED_PARAMS = (
-    'The variables have a "params" collection that itself holds "params": '
-    'you probably passed `{"params": variables}` where `variables` already is '
-    '`{"params": ...}`. Fix: pass `variables` itself.')
-_BAD_RNGS = (
-    'rngs must be a PRNG key (jax.random.key / PRNGKey) or a dict mapping '
-    'stream names to keys; got {what}. Fix: e.g. `rngs={{"params": key, '
-    '"dropout": key2}}`.')
+    'Expected the variables passed to apply() to be a dict with the structure '
+    '{"params": ...}, but got a dict with an extra params layer, i.e. '
+    '{"params": {"params": ...}}: you probably passed `{"params": variables}` '
+    'where `variables` already is `{"params": ...}`. Fix: pass `variables` itself.')
+_BAD_RNGS = (  # Flax's sentence for init or apply, then ours
+    '{lead} should be a ``jax.PRNGKey`` or a dictionary mapping strings to '
+    '``jax.PRNGKey``; got {what}. Fix: pass one key (it feeds the "params" '
+    'stream), or a dict of them, e.g. `{{"params": key, "dropout": key2}}`.')
+_RNGS_LEAD = {'init': 'First argument passed to an init function',
+              'apply': 'The ``rngs`` argument passed to an apply function'}
 
 
 def _check_variables(variables: Any):
@@ -39,7 +42,7 @@ def _check_variables(variables: Any):
     raise errors.InvalidVariablesError(_NESTED_PARAMS)
 
 
-def _normalise_rngs(rngs: Any) -> dict[str, Any] | None:
+def _normalise_rngs(rngs: Any, entry: str = 'apply') -> dict[str, Any] | None:
   if rngs is None:
     return None
   if is_prng_key(rngs):
@@ -47,7 +50,7 @@ def _normalise_rngs(rngs: Any) -> dict[str, Any] | None:
   if isinstance(rngs, Mapping) and all(
       isinstance(k, str) and is_prng_key(v) for k, v in rngs.items()):
     return dict(rngs)
-  raise errors.InvalidRngsError(_BAD_RNGS.format(what=repr(rngs)[:200]))
+  raise errors.InvalidRngsError(_BAD_RNGS.format(lead=_RNGS_LEAD[entry], what=repr(rngs)[:200]))
 
 
 def bind(variables: Mapping[str, Any], rngs: Any = None, mutable: Filter = False,
@@ -100,8 +103,8 @@ def init(fn: Callable[..., Any], mutable: Filter = True,
 
   @functools.wraps(fn)
   def init_fn(rngs, *args, **kwargs):
-    if _normalise_rngs(rngs) is None:
-      raise errors.InvalidRngsError(_BAD_RNGS.format(what='None'))
+    if _normalise_rngs(rngs, 'init') is None:
+      raise errors.InvalidRngsError(_BAD_RNGS.format(lead=_RNGS_LEAD['init'], what='None'))
     init_flags = {**(flags or {}), 'initializing': True}
     return apply(fn, mutable=mutable, flags=init_flags)({}, *args, rngs=rngs, **kwargs)
 

@@ -272,7 +272,7 @@ class Scope:
       if init_fn is not None:
         self.check_lifted(col, name)
       if init_fn is None or not self.is_mutable_collection(col):
-        if self.is_collection_empty(col) and not self.is_mutable_collection(col):
+        if self.is_collection_empty(col):
           raise errors.MissingCollectionError(col, name, self.path_text)
         raise errors.MissingVariableError(col, name, self.path_text)
       self.put_variable(col, name, init_fn(*init_args, **init_kwargs))
@@ -334,7 +334,7 @@ class Scope:
     self._check_valid()
     if not self.has_rng(name):
       if not self.has_rng('params'):
-        raise errors.UnknownRngError(name, self.path_text, self.rngs)
+        raise errors.UnknownRngError(name, self.path_text, self.rngs, scope_name=self.name)
       name = 'params'
     return self.rngs[name].draw(self.rng_counters.next(name))
 

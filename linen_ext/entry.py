@@ -17,10 +17,13 @@ import jax
 
 import lift
 from lift import _compat
+from lift import errors as lift_errors
 from lift.filters import DenyList, Filter, union_filters
+from lift.rng import is_prng_key
 
 from linen_ext import errors
 from linen_ext._state import context
+from linen_ext.module_repr import short_str
 
 CaptureFilter = bool | Callable[[Any, str], bool]
 
@@ -58,13 +61,24 @@ def _unbound_method(module: Any, method: Any) -> Callable[..., Any]:
     name, method = method, _class_attribute(type(module), method)
     if method is None and isinstance(getattr(module, name, None), EntryMixin):
       return lambda m, *args, **kwargs: getattr(m, name)(*args, **kwargs)  # a submodule field
-    if method is None or not callable(method):
+    if method is None:
       raise errors.MissingMethodError(type(module).__name__, name)
+    if not callable(method):
+      raise errors.MethodNotCallableError(type(module).__name__, name, method)
   if inspect.ismethod(method) and isinstance(method.__self__, EntryMixin):
     method = method.__func__
   if not callable(method) or not _takes_an_argument(method):
     raise errors.InvalidMethodError(method)
   return method
+
+
+def _check_rngs(module: Any, rngs: Any):
+  """A single rng must be a PRNG key (dicts are checked by `lift`); Flax's message first."""
+  if rngs is not None and not isinstance(rngs, Mapping) and not is_prng_key(rngs):
+    raise lift_errors.InvalidRngsError(
+        f'RNGs should be of shape (2,) or PRNGKey in Module {type(module).__name__}, but '
+        f'rngs are: {short_str(rngs)}. Fix: pass `jax.random.key(seed)` (it feeds the '
+        '"params" stream), or a dict of keys, e.g. `{"params": key, "dropout": key2}`.')
 
 
 def _takes_an_argument(fn: Callable[..., Any]) -> bool:
@@ -185,6 +199,7 @@ class EntryMixin:
     >>> y, variables = Dense(2).init_with_output(jax.random.key(0), jnp.ones((1, 3)))
     """
     _check_instance(self, 'init_with_output')
+    _check_rngs(self, rngs)
     return init_with_output(_unbound_method(self, method), self, mutable,
                             capture_intermediates)(rngs, *args, **kwargs)
 
@@ -222,6 +237,7 @@ class EntryMixin:
     >>> y = Dense(2).apply(variables, jnp.ones((1, 3)))
     """
     _check_instance(self, 'apply')
+    _check_rngs(self, rngs)
     return apply(_unbound_method(self, method), self, mutable, capture_intermediates)(
         variables, *args, rngs=rngs, **kwargs)
 

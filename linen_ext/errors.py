@@ -11,7 +11,7 @@ from flax import errors as flax_errors
 
 from lift.errors import LiftError
 
-from linen_ext.module_repr import one_line
+from linen_ext.module_repr import one_line, short_str
 
 
 class ModuleError(LiftError):
@@ -25,6 +25,17 @@ _UNBOUND = (
     'it: `module.bind(variables)`.')
 
 
+# Flax's message for each kind of use of an unbound module, by how ours names the use
+_FLAX_UNBOUND = (
+    ('Calling @compact', "Can't call compact methods on unbound modules"),
+    ('Calling setup', "Can't call compact methods on unbound modules"),
+    ('Calling unbind', "Can't call `unbind()` on unbound modules"),
+    ('Calling `share_scope`', "Can't call `share_scope` on unbound modules"),
+    ('make_rng', "Can't use RNGs on unbound modules"),
+    ('has_rng', "Can't query for RNGs on unbound modules"),
+)
+
+
 class UnboundModuleError(ModuleError, ValueError, flax_errors.CallCompactUnboundModuleError,
                          flax_errors.CallSetupUnboundModuleError,
                          flax_errors.CallUnbindOnUnboundModuleError,
@@ -32,7 +43,9 @@ class UnboundModuleError(ModuleError, ValueError, flax_errors.CallCompactUnbound
   """A module was used (called, asked for variables or rngs) outside `init`/`apply`."""
 
   def __init__(self, cls_name: str, what: str):
-    super().__init__(_UNBOUND.format(what=what, cls=cls_name))
+    flax_phrase = next((p for start, p in _FLAX_UNBOUND if what.startswith(start)), None)
+    ours = _UNBOUND.format(what=what, cls=cls_name)
+    super().__init__(f'{flax_phrase}. {ours}' if flax_phrase else ours)
 
 
 class NameInUseError(ModuleError, ValueError, flax_errors.NameInUseError):
@@ -40,9 +53,9 @@ class NameInUseError(ModuleError, ValueError, flax_errors.NameInUseError):
 
   def __init__(self, kind: str, name: str, parent_cls: str, path: tuple[str, ...]):
     super().__init__(
-        f'Could not create {kind} "{name}" in `{parent_cls}` at '
-        f'"/{"/".join(path)}": the name is already used by another submodule '
-        'or variable of this module. Names must be unique per module. Fix: '
+        f'Could not create {kind} "{name}" in Module {parent_cls}: Name in use (at '
+        f'"/{"/".join(path)}", by another submodule or variable of this module). '
+        'Names must be unique per module. Fix: '
         f'pass a different `name=` (or leave it out to get an automatic '
         f'`ClassName_N` name), or reuse the existing instance to share its variables.')
     self.name, self.path = name, tuple(path)
@@ -62,11 +75,12 @@ class FrozenModuleError(ModuleError, AttributeError,
                         flax_errors.SetAttributeFrozenModuleError):
   """An attribute of a module was set outside `setup`."""
 
-  def __init__(self, cls_name: str, attr: str):
+  def __init__(self, cls_name: str, attr: str, value: Any):
     super().__init__(
-        f'Cannot set attribute "{attr}" on `{cls_name}`: modules are frozen '
-        'dataclasses outside `setup`. Fix: assign submodules and variables '
-        'in `setup()`, or make a modified copy with `module.clone(' f'{attr}=...)`.')
+        f"Can't set {attr}={short_str(value)} for Module of type {cls_name}: Module instance is "
+        'frozen outside of setup method (modules are frozen dataclasses). Fix: assign '
+        'submodules and variables in `setup()`, or make a modified copy with '
+        f'`module.clone({attr}=...)`.')
 
 
 class SetupFieldAssignmentError(ModuleError, AttributeError,
@@ -84,11 +98,16 @@ class SetupFieldAssignmentError(ModuleError, AttributeError,
 class SubmoduleOutsideSetupError(ModuleError, ValueError, flax_errors.AssignSubModuleError):
   """A submodule or variable was created in a method that is neither `setup` nor `@compact`."""
 
-  def __init__(self, cls_name: str, what: str):
+  def __init__(self, cls_name: str, kind: str, name: str):
+    """``kind``: 'Submodule', 'Variable' or 'Parameter'; the message starts with Flax's."""
+    if kind == 'Submodule':
+      head = f'Submodule {name} must be defined in `setup()` or in a method wrapped in `@compact`'
+    else:
+      head = (f'{kind}s must be initialized in `setup()` or in a method wrapped in '
+              f'`@compact` ({kind.lower()} "{name}")')
     super().__init__(
-        f'{what} must be initialized in `setup()` or in a method marked `@compact`, '
-        f'but was created on `{cls_name}` elsewhere (in another of its methods, or in '
-        'a function it was passed to, e.g. by `nn.vjp`). Submodules and '
+        f'{head}, but this one was created on `{cls_name}` elsewhere (in another of its '
+        'methods, or in a function it was passed to, e.g. by `nn.vjp`). Submodules and '
         'variables are defined in one of those so their names are stable. Fix: '
         'decorate the method with `@nn.compact`, or define them in `setup()`.')
 
@@ -109,7 +128,8 @@ class InvalidMethodError(ModuleError, TypeError, flax_errors.ApplyModuleInvalidM
 
   def __init__(self, method):
     super().__init__(
-        f'`method={method!r}` is not a method of the module: pass its name '
+        f'Cannot call apply(): {method!r} is not a valid function for apply(): it '
+        'is not a method of the module. Fix: pass its name '
         '(`method="encode"`), the unbound function (`method=Model.encode`), '
         'or a function taking the module first (`method=lambda m, x: m.encode(x)`).')
 
@@ -122,6 +142,16 @@ class MissingMethodError(InvalidMethodError, AttributeError):
         self, f'"{cls_name}" object has no attribute "{name}", so `init`/`apply` cannot '
         f'call it. Fix: define `{name}` on `{cls_name}`, or pass the method to run: '
         '`method="encode"`, `method=Model.encode` or `method=lambda m, x: m.encode(x)`.')
+
+
+class MethodNotCallableError(InvalidMethodError):
+  """`init`/`apply` was given ``method=name`` naming an attribute that is not callable."""
+
+  def __init__(self, cls_name: str, name: str, value: Any):
+    ModuleError.__init__(
+        self, f"'{cls_name}.{name}' must be a callable, got {type(value)}. Fix: pass the "
+        'name of a method of the module (`method="encode"`), or a function taking the '
+        'module first (`method=lambda m, x: m.encode(x)`).')
 
 
 class InvalidInstanceModuleError(ModuleError, TypeError,
@@ -152,8 +182,9 @@ class DescriptorAttributeError(ModuleError, AttributeError,
 
   def __init__(self, cls_name: str, name: str):
     super().__init__(
-        f'Reading `{cls_name}.{name}`, a property or descriptor of the class, raised '
-        'AttributeError: its code reads an attribute that does not exist. Fix: '
+        'Trying to access a property that is accessing a non-existent attribute: '
+        f'reading `{cls_name}.{name}`, a property or descriptor of the class, raised '
+        'AttributeError from its own code. Fix: '
         'that code (a misspelled field, or a setup attribute read on a module '
         'that is not bound).')
 
@@ -163,8 +194,8 @@ class MissingPerturbationError(ModuleError, ValueError):
 
   def __init__(self, collection: str, name: str, path: str):
     super().__init__(
-        f'perturb("{name}") at "{path}": the variables hold a "{collection}" '
-        f'collection, but it has no "{name}" here, so this value would go '
+        f'Perturbation collection {collection} present, but missing perturbation '
+        f'variable {name} (perturb("{name}") at "{path}"), so this value would go '
         f'unperturbed. Fix: pass the "{collection}" that `init` returned for this '
         f'model, or leave the collection out to run without perturbations.')
 

@@ -41,6 +41,8 @@ import flax.errors
 import flax.linen as flax_nn
 
 from lift._counters import total
+from lift.errors import (ImmutableCollectionError, LiftError, MissingCollectionError,
+                         MissingParamError, MissingVariableError)
 from lift._jit_rngs import has_tape_streams, require_concrete
 from lift.filters import DenyList, Filter, union_filters
 from lift.rng import RngCounters
@@ -290,7 +292,7 @@ def _run_root(scope: Scope, members: Mapping[str, Scope] | None, base: tuple[str
   else:
     root, method = (_Path(base) if base else _Group()), None
   capture = _capture_filter()
-  with flax_nn.override_named_call(False), _our_write_errors(scope):
+  with flax_nn.override_named_call(False), _our_variable_errors(scope):
     y, out = _run_flax_entry(root, method, scope, call, base, existing, rngs, initializing,
                              capture)
   for col, tree in out.items():
@@ -299,26 +301,45 @@ def _run_root(scope: Scope, members: Mapping[str, Scope] | None, base: tuple[str
   return y
 
 
-_FLAX_WRITE_ERRORS = (flax.errors.ScopeCollectionNotFound, flax.errors.ScopeVariableNotFoundError,
-                      flax.errors.ModifyScopeVariableError)
+# flax's variable errors, and the pattern of each message: (variable, collection, path)
+_FLAX_VARIABLE_ERRORS = {
+    flax.errors.ScopeCollectionNotFound:
+        r'"(?P<name>[^"]*)" from collection "(?P<col>[^"]*)" in "(?P<path>[^"]*)"',
+    flax.errors.ScopeVariableNotFoundError:
+        r'named "(?P<name>[^"]*)" for collection "(?P<col>[^"]*)" exists in "(?P<path>[^"]*)"',
+    flax.errors.ModifyScopeVariableError:
+        r'variable "(?P<name>[^"]*)" in "(?P<path>[^"]*)" because collection "(?P<col>[^"]*)"',
+    flax.errors.ScopeParamNotFoundError:
+        r'parameter named "(?P<name>[^"]*)" in scope "(?P<path>[^"]*)"',
+}
 
 
 @contextlib.contextmanager
-def _our_write_errors(scope: Scope):
-  """Flax's error for a write to an immutable collection becomes ours where ours says more.
+def _our_variable_errors(scope: Scope):
+  """Flax's errors about a missing or read-only variable, as ours (subclasses of flax's).
 
-  Inside a lifted transform that does not return a collection that is
-  mutable outside it, flax only sees an immutable collection; ours names the
-  transform and the fix (`UnliftedCollectionError`).
+  Ours say how to fix them and, inside a lifted transform that does not
+  return the collection, name the transform (`UnliftedCollectionError`), as
+  native modules do.
   """
   try:
     yield
-  except _FLAX_WRITE_ERRORS as e:
-    names = re.findall(r'"([^"]*)"', str(e))  # each message names the variable first
-    col = re.search(r'collection "([^"]*)"', str(e))
-    if names and col:
-      scope.check_lifted(col.group(1), names[0])
-    raise
+  except tuple(_FLAX_VARIABLE_ERRORS) as e:
+    if isinstance(e, LiftError):
+      raise
+    found = re.search(_FLAX_VARIABLE_ERRORS[type(e)], str(e))
+    if found is None:
+      raise
+    name, path = found['name'], found['path']
+    col = found.groupdict().get('col', 'params')
+    scope.check_lifted(col, name)
+    if isinstance(e, flax.errors.ScopeParamNotFoundError):
+      raise MissingParamError(name, path) from e
+    if isinstance(e, flax.errors.ScopeCollectionNotFound):
+      raise MissingCollectionError(col, name, path) from e
+    if isinstance(e, flax.errors.ScopeVariableNotFoundError):
+      raise MissingVariableError(col, name, path) from e
+    raise ImmutableCollectionError(col, name, path) from e
 
 
 def _run_flax_entry(root, method, scope: Scope, call: FlaxCall, base: tuple[str, ...],

@@ -150,8 +150,8 @@ class Module(VariablesMixin, EntryMixin):
       raise errors.UnboundModuleError(type(parent).__name__,
                                       f'Creating submodule `{type(self).__name__}`')
     if not parent._initialization_allowed:
-      raise errors.SubmoduleOutsideSetupError(type(parent).__name__,
-                                              f'Submodule `{type(self).__name__}`')
+      raise errors.SubmoduleOutsideSetupError(type(parent).__name__, 'Submodule',
+                                              type(self).__name__)
     if self.name is None:
       prefix = self.autoname_prefix()
       cursor = parent._state.autoname_cursor.get(prefix, 0)
@@ -284,7 +284,7 @@ class Module(VariablesMixin, EntryMixin):
       if not state.is_initialized or name.startswith('__'):
         object.__setattr__(self, name, value)
         return
-      raise errors.FrozenModuleError(type(self).__name__, name)
+      raise errors.FrozenModuleError(type(self).__name__, name, value)
     if name in {f.name for f in dataclasses.fields(self) if f.init}:
       raise errors.SetupFieldAssignmentError(type(self).__name__, name)
     self._register_submodules(name, value)

@@ -42,3 +42,12 @@ def module_repr(module: Any, children_of: Callable[[Any], Mapping[str, Any]],
 def one_line(value: Any, width: int = 80) -> str:
   """``repr(value)`` on one line, cut at ``width`` characters (for error messages)."""
   return ' '.join(repr(value).split())[:width]
+
+
+def short_str(value: Any, width: int = 60) -> str:
+  """``str(value)`` as Flax's messages print it, or `one_line` when that is long.
+
+  >>> short_str(2), short_str(jnp.ones((9, 9)))
+  """
+  text = str(value)
+  return text if len(text) <= width and '\n' not in text else one_line(value, width)

@@ -45,7 +45,8 @@ class VariablesMixin:
   def _reserve_check(self, kind: str, name: str, col: str) -> Scope:
     scope = self._bound_scope(f'Creating {kind} "{name}"')
     if not self._initialization_allowed:
-      raise errors.SubmoduleOutsideSetupError(type(self).__name__, f'{kind.capitalize()} "{name}"')
+      raise errors.SubmoduleOutsideSetupError(
+          type(self).__name__, {'param': 'Parameter'}.get(kind, kind.capitalize()), name)
     if scope.name_reserved(name, col):
       raise errors.NameInUseError(kind, name, type(self).__name__, scope.path)
     return scope

@@ -447,13 +447,28 @@ def test_wrapped_layer_writing_a_collection_a_transform_does_not_return():
   # Flax: ScopeCollectionNotFound ('the collection is empty'); ours names the transform and fix.
   from lift.errors import UnliftedCollectionError
   with pytest.raises(UnliftedCollectionError,
-                     match=r'"mean".*"batch_stats" is mutable outside the lifted `vmap`.*variable_axes'):
+                     match=r'"mean".*"batch_stats" is immutable inside the lifted `vmap`.*variable_axes'):
     _VmappedBatchNorm().init(KEY, X)
 
 
-def test_wrapped_layer_reading_a_missing_collection_keeps_flax_error():
+def test_wrapped_layer_variable_errors_are_ours_and_flax_classes():
   import flax.errors
-  layer = nn.BatchNorm(use_running_average=False)
-  variables = layer.init(KEY, X)
-  with pytest.raises(flax.errors.ScopeCollectionNotFound, match='"mean".*"batch_stats"'):
-    layer.apply({'params': variables['params']}, X)
+  from lift import errors as lift_errors
+  norm = nn.BatchNorm(use_running_average=False)
+  variables = norm.init(KEY, X)
+  cases = [
+      ({'params': variables['params']}, lift_errors.MissingCollectionError,
+       flax.errors.ScopeCollectionNotFound, r'"mean" from collection "batch_stats".*empty.*Fix'),
+      (variables, lift_errors.ImmutableCollectionError, flax.errors.ModifyScopeVariableError,
+       r'"mean".*"batch_stats" is immutable.*mutable=\["batch_stats"\]'),
+  ]
+  for given, ours, theirs, message in cases:
+    with pytest.raises(ours, match=message) as info:
+      norm.apply(given, X)
+    assert isinstance(info.value, theirs)
+  dense = nn.Dense(2)
+  bias_only = {'params': {'bias': dense.init(KEY, X)['params']['bias']}}
+  with pytest.raises(lift_errors.MissingParamError,
+                     match=r'Could not find parameter named "kernel".*Fix') as info:
+    dense.apply(bias_only, X)
+  assert isinstance(info.value, flax.errors.ScopeParamNotFoundError)

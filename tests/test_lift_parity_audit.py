@@ -1024,7 +1024,7 @@ def test_unlifted_collection_is_immutable_inside_as_flax(name):
   check(build, lambda M, fn: M.apply(fn, mutable='intermediates')(plain(f[1]), XB))
   guarded = False
   with pytest.raises(lift.errors.UnliftedCollectionError,
-                     match=f'"intermediates" is mutable outside the lifted `{name}`'):
+                     match=f'"intermediates" is immutable inside the lifted `{name}`'):
     lift.apply(build(lift), mutable='intermediates')(plain(f[1]), XB)
 
 

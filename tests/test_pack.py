@@ -120,7 +120,7 @@ def test_mutable_collection_matched_by_no_out_filter_raises():
 
   lifted = passthrough(make_stats, in_filters=('params',), out_filters=('params',), name='my_transform')
   with pytest.raises(errors.UnmappedCollectionError,
-                     match=r'"batch_stats" is mutable outside the lifted `my_transform`'):
+                     match=r'"batch_stats" is immutable inside the lifted `my_transform`'):
     lift.init(lambda s: lifted(s.push('layer')))(jax.random.key(0))
 
 
@@ -148,7 +148,7 @@ def test_rng_stream_not_matched_is_unavailable_inside():
     return scope.make_rng('noise')
 
   lifted = passthrough(draw, rng_filters=('params',))
-  with pytest.raises(errors.UnknownRngError, match='"identity\\(/\\)" needs PRNG stream "noise"'):
+  with pytest.raises(errors.UnknownRngError, match='needs PRNG for "noise": scope "identity\\(/\\)"'):
     lift.apply(lifted)({}, rngs={'noise': jax.random.key(0)})
 
 
@@ -164,7 +164,7 @@ def test_rngs_continue_counters_through_pack():
 
 def test_immutable_in_only_collection_cannot_be_written_inside():
   lifted = passthrough(counter, in_filters=(True,), out_filters=('params',))
-  with pytest.raises(errors.ImmutableCollectionError, match='"count" at "identity\\(/\\)"'):
+  with pytest.raises(errors.ImmutableCollectionError, match='"count" in "identity\\(/\\)"'):
     lift.apply(lifted, mutable=['counter'])({'counter': {'count': 0}}, 0)
 
 

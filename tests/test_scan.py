@@ -283,9 +283,9 @@ def test_counter_survives_remat_scan(kwargs, expected):
 
 
 def test_collection_without_rule_raises():
-  with pytest.raises(errors.UnmappedCollectionError, match='"counter" is mutable outside the lifted `scan`'):
+  with pytest.raises(errors.UnmappedCollectionError, match='"counter" is immutable inside the lifted `scan`'):
     lift.init(lift.scan(_count_step, **LAYERS))(KEY, (), XS)
-  with pytest.raises(errors.UnmappedCollectionError, match='"counter" is mutable outside the lifted `scan`'):
+  with pytest.raises(errors.UnmappedCollectionError, match='"counter" is immutable inside the lifted `scan`'):
     lift.init(lift.remat_scan(counter, (2, 3), variable_axes={'params': 0}))(KEY, C0)
 
 

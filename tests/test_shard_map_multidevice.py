@@ -120,7 +120,7 @@ def collection_without_spec_raises():
   try:
     lift.init(sharded)(jax.random.key(0), X)
   except errors.UnmappedCollectionError as error:
-    assert '"counter" is mutable outside the lifted `shard_map`' in str(error)
+    assert '"counter" is immutable inside the lifted `shard_map`' in str(error)
   else:
     raise AssertionError('no UnmappedCollectionError')
 

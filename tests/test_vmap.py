@@ -174,7 +174,7 @@ def test_counter_in_immutable_collection_raises():
 
 def test_collection_without_axis_rule_raises():
   mapped = lift.vmap(counter, variable_axes={'params': 0}, split_rngs={})
-  with pytest.raises(errors.UnmappedCollectionError, match='"counter" is mutable outside the lifted `vmap`'):
+  with pytest.raises(errors.UnmappedCollectionError, match='"counter" is immutable inside the lifted `vmap`'):
     lift.init(mapped)(KEY, XS)
 
 
