@@ -405,8 +405,9 @@ def _unbound_only_hash(hash_fn: Callable[[Any], int]) -> Callable[[Any], int]:
   @functools.wraps(hash_fn)
   def __hash__(self) -> int:
     if self.__dict__.get('scope') is not None:
-      raise TypeError(f"can't hash the bound module {type(self).__name__} (it holds "
-                      'variables); hash an unbound one, e.g. module.clone(parent=None).')
+      raise TypeError("Can't call __hash__ on modules that hold variables: "
+                      f'{type(self).__name__} is bound. Fix: hash an unbound copy, '
+                      'e.g. module.clone(parent=None).')
     return hash_fn(self)
   return __hash__
 

@@ -344,3 +344,13 @@ def test_messages_lead_with_flax_phrase(name):
   misuse, phrase = FLAX_PHRASES[name]
   with pytest.raises(errors.LiftError, match=phrase):
     misuse()
+
+
+def test_hashing_a_bound_module_leads_with_flax_phrase():
+  class Hashes(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return hash(self)
+
+  with pytest.raises(TypeError, match=r"^Can't call __hash__ on modules that hold variables: Hashes"):
+    Hashes().apply({}, X)
