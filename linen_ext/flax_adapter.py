@@ -41,9 +41,9 @@ import flax.errors
 import flax.linen as flax_nn
 
 from lift._counters import total
+from lift._jit_rngs import has_tape_streams, require_concrete
 from lift.errors import (ImmutableCollectionError, LiftError, MissingCollectionError,
                          MissingParamError, MissingVariableError)
-from lift._jit_rngs import has_tape_streams, require_concrete
 from lift.filters import DenyList, Filter, union_filters
 from lift.rng import RngCounters
 from lift.scope import Scope, copy_structure
@@ -327,7 +327,8 @@ def _our_variable_errors(scope: Scope):
   except tuple(_FLAX_VARIABLE_ERRORS) as e:
     if isinstance(e, LiftError):
       raise
-    found = re.search(_FLAX_VARIABLE_ERRORS[type(e)], str(e))
+    pattern = next(p for cls, p in _FLAX_VARIABLE_ERRORS.items() if isinstance(e, cls))
+    found = re.search(pattern, str(e))
     if found is None:
       raise
     name, path = found['name'], found['path']
