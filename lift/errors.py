@@ -65,8 +65,8 @@ class MissingVariableError(LiftError, flax_errors.ScopeVariableNotFoundError):
   def __init__(self, col, name, path):
     super().__init__(
         f'No Variable named "{name}" for collection "{col}" exists in '
-        f'"{_path_text(path)}", and it cannot be created here: either no init_fn was given or the '
-        f'collection "{col}" is not mutable. Fix: pass an init_fn and '
+        f'"{_path_text(path)}", and it cannot be created here: either no init_fn '
+        f'was given or the collection "{col}" is not mutable. Fix: pass an init_fn and '
         f'`mutable=["{col}"]` (or `mutable=True`) to `apply`/`init`.')
     self.collection, self.name, self.path = col, name, path
 

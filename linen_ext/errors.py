@@ -212,7 +212,7 @@ class TransformTargetError(ModuleError, TypeError, flax_errors.TransformTargetEr
 
 
 class NotAModuleError(ModuleError, TypeError):
-  """A function-style transform (`nn.cond`, `nn.vjp`, ...) was given something other than a Module."""
+  """A function-style transform (`nn.cond`, `nn.vjp`, ...) was given something not a Module."""
 
   def __init__(self, transform: str, target: Any):
     what = type(target).__name__
