@@ -56,6 +56,7 @@ from linen_ext.direct import (cond, custom_vjp, grad, jvp, switch, value_and_gra
 from linen_ext.transforms import (add_metadata_axis, checkpoint, fold_rngs, jit,
                                   map_variables, remat, remat_scan, scan, shard_map, vmap)
 from lift.scan import broadcast
+from lift.causal import causal_self_attention
 from linen_ext.stacks import BlockSeq, Stacked
 from linen_ext.stack_layout import layers_to_stacked, per_layer, stacked_to_layers
 from linen_ext.layer_scan import scan_layers

@@ -1,0 +1,364 @@
+"""Train a decoder-only Transformer to add numbers, then decode with the step `as_scan` derives.
+
+The main job of the project, end to end:
+
+* the model is written once, for whole sequences, with `linen_ext`: token and
+  position embeddings, an `nn.Stacked` of pre-LN blocks (one compiled loop over
+  the layers, rematerialised by the policy ``--remat``), causal self-attention,
+  an output head;
+* a task it generates itself: ``"123+045="`` followed by the sum's digits,
+  least significant first (``"8610"``), so that carries flow in the order the
+  digits are generated; the loss is on the answer digits only;
+* optax's AdamW with warmup and cosine decay and gradient clipping, in one
+  `jax.jit` step; a `rich` progress bar with the live loss and tokens/s;
+* evaluation by greedy decoding of held-out problems (never trained on) through
+  the one-token step that `nn.as_scan` derives from the training-mode model,
+  the prompt prefilled in parallel, checked against decoding by recomputing the
+  full model on every prefix;
+* orbax checkpoints every ``--checkpoint-every`` steps; ``--resume`` continues
+  from the latest with the same loss curve;
+* a model summary (`nn.tabulate`) at start and a PNG of the loss and accuracy.
+
+It ends with one line:
+``result: accuracy=<float> decode_matches_recompute=<bool> checkpoint=<dir> plot=<png>``.
+
+Run: python examples/train_lm.py [--help]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import pathlib
+import time
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import linen_ext as nn
+
+PLUS, EQUALS = 10, 11  # token ids; the digits are 0-9
+VOCAB = 12
+
+
+# ----------------------------------------------------------------------------- the task
+
+
+@dataclasses.dataclass(frozen=True)
+class Addition:
+  """Problems ``a+b=`` with ``digits``-digit operands and the sum reversed."""
+  digits: int
+
+  @property
+  def prompt_length(self) -> int:  # "123+045="
+    return 2 * self.digits + 2
+
+  @property
+  def answer_length(self) -> int:  # the sum has at most digits + 1 digits
+    return self.digits + 1
+
+  @property
+  def length(self) -> int:
+    return self.prompt_length + self.answer_length
+
+  def held_out(self, a, b):
+    """About 1 problem in 20 is never trained on; evaluation draws from those."""
+    return (a * 1009 + b * 917) % 20 == 0
+
+  def encode(self, a, b):
+    """Token rows for the problems ``a + b`` (integer arrays of one shape)."""
+    xp = jnp if isinstance(a, jax.Array) else np
+    def digits(n, count):  # most significant first
+      return xp.stack([(n // 10 ** i) % 10 for i in reversed(range(count))], -1)
+    plus = xp.full(a.shape + (1,), PLUS, a.dtype)
+    equals = xp.full(a.shape + (1,), EQUALS, a.dtype)
+    answer = digits(a + b, self.answer_length)[..., ::-1]
+    return xp.concatenate([digits(a, self.digits), plus, digits(b, self.digits),
+                           equals, answer], -1)
+
+  def train_batch(self, key, batch: int) -> jax.Array:
+    high = 10 ** self.digits
+    a, b = jax.random.randint(key, (2, batch), 0, high)
+    b = jnp.where(self.held_out(a, b), (b + 1) % high, b)  # b + 1 is never held out
+    return self.encode(a, b)
+
+  def eval_problems(self, count: int, seed: int = 1) -> np.ndarray:
+    high = 10 ** self.digits
+    a, b = np.random.default_rng(seed).integers(0, high, (2, 40 * count))
+    keep = self.held_out(a, b)
+    return self.encode(a[keep][:count], b[keep][:count])
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+class Block(nn.Module):
+  """A pre-LN Transformer block: causal self-attention, then an MLP."""
+  d_model: int
+  heads: int
+
+  @nn.compact
+  def __call__(self, x):  # [batch, length, d_model]
+    h = nn.LayerNorm()(x)
+    head_dim = self.d_model // self.heads
+    q, k, v = (nn.DenseGeneral((self.heads, head_dim), name=name)(h)
+               for name in ('query', 'key', 'value'))
+    attended = nn.causal_self_attention(q, k, v)  # as_scan turns it into a KV cache
+    x = x + nn.DenseGeneral(self.d_model, axis=(-2, -1), name='out')(attended)
+    h = nn.Dense(4 * self.d_model)(nn.LayerNorm()(x))
+    return x + nn.Dense(self.d_model)(nn.gelu(h))
+
+
+class TransformerLM(nn.Module):
+  """Tokens ``[batch, length]`` to next-token logits ``[batch, length, vocab]``."""
+  vocab: int
+  max_length: int
+  d_model: int = 64
+  heads: int = 4
+  depth: int = 2
+  remat: str | bool = 'nested'
+
+  @nn.compact
+  def __call__(self, tokens):
+    length = tokens.shape[-1]
+    positions = self.param('positions', nn.initializers.normal(0.02),
+                           (self.max_length, self.d_model))
+    x = nn.Embed(self.vocab, self.d_model)(tokens) + positions[None, :length]
+    x = nn.Stacked(Block, self.depth, remat=self.remat,
+                   block_kwargs={'d_model': self.d_model, 'heads': self.heads},
+                   name='blocks')(x)
+    return nn.Dense(self.vocab, name='head')(nn.LayerNorm()(x))
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def make_optimizer(args) -> optax.GradientTransformation:
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, args.learning_rate, args.warmup, args.steps,
+      end_value=args.learning_rate / 20)
+  return optax.chain(optax.clip_by_global_norm(1.0),
+                     optax.adamw(schedule, b2=0.98, weight_decay=0.01))
+
+
+def answer_loss(params, model, tokens, task: Addition):
+  """Cross-entropy of the answer digits, each predicted from the tokens before it."""
+  logits = model.apply({'params': params}, tokens[:, :-1])
+  losses = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
+  return losses[:, task.prompt_length - 1:].mean()
+
+
+def make_train_step(model, optimizer, task: Addition, batch: int, data_key):
+  @jax.jit
+  def train_step(state, step):
+    tokens = task.train_batch(jax.random.fold_in(data_key, step), batch)
+    loss, grads = jax.value_and_grad(answer_loss)(state['params'], model, tokens, task)
+    updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
+    params = optax.apply_updates(state['params'], updates)
+    return {'params': params, 'opt_state': opt_state}, loss
+  return train_step
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def decode(model, params, prompt, answer_length: int):
+  """Greedy decoding with the derived step: prefill the prompt, then one token a step."""
+  example = jax.ShapeDtypeStruct((prompt.shape[0], prompt.shape[1] + answer_length - 1),
+                                 jnp.int32)
+  step, carry, prompt_logits = nn.as_scan(model, {'params': params}, example,
+                                          time_axis=1, prefill=prompt)
+  first = jnp.argmax(prompt_logits[:, -1], axis=-1)
+
+  def generate(state, _):
+    carry, token = state
+    carry, logits = step(carry, token)
+    following = jnp.argmax(logits, axis=-1)
+    return (carry, following), following
+
+  _, rest = jax.lax.scan(generate, (carry, first), None, length=answer_length - 1)
+  return jnp.concatenate([first[:, None], rest.T], axis=1)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def decode_by_recomputing(model, params, prompt, answer_length: int):
+  """The reference: the full training-mode model on the whole prefix, once per token."""
+  tokens = prompt
+  for _ in range(answer_length):
+    logits = model.apply({'params': params}, tokens)
+    tokens = jnp.concatenate([tokens, jnp.argmax(logits[:, -1:], axis=-1)], axis=1)
+  return tokens[:, prompt.shape[1]:]
+
+
+def evaluate(model, params, problems: np.ndarray, task: Addition, check: int):
+  """Exact-match accuracy, and whether the derived step decodes as recomputation does."""
+  prompt, answer = problems[:, :task.prompt_length], problems[:, task.prompt_length:]
+  decoded = np.asarray(decode(model, params, jnp.asarray(prompt), task.answer_length))
+  accuracy = float(np.mean(np.all(decoded == answer, axis=1)))
+  reference = decode_by_recomputing(model, params, jnp.asarray(prompt[:check]),
+                                    task.answer_length)
+  return accuracy, bool(np.array_equal(decoded[:check], np.asarray(reference)))
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def checkpoint_manager(directory: pathlib.Path, every: int):
+  import orbax.checkpoint as ocp
+  options = ocp.CheckpointManagerOptions(save_interval_steps=every, max_to_keep=2)
+  return ocp.CheckpointManager(directory.absolute(), options=options)
+
+
+def save(manager, step: int, state, history: dict) -> None:
+  import orbax.checkpoint as ocp
+  manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                              history=ocp.args.JsonSave(history)))
+
+
+def restore(manager, state):
+  """The latest checkpoint as ``(step, state, history)``; ``state`` gives the structure."""
+  import orbax.checkpoint as ocp
+  step = manager.latest_step()
+  if step is None:
+    raise SystemExit(f'--resume: no checkpoint in {manager.directory}; run without --resume first.')
+  abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  restored = manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(abstract), history=ocp.args.JsonRestore()))
+  return step, restored['state'], restored['history']
+
+
+# ----------------------------------------------------------------------------- reporting
+
+
+def progress_bar():
+  from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+  return Progress(TextColumn('[bold]train'), BarColumn(), MofNCompleteColumn(),
+                  TextColumn('loss {task.fields[loss]:.4f}'),
+                  TextColumn('{task.fields[rate]:,.0f} tokens/s'),
+                  TextColumn('accuracy {task.fields[accuracy]}'), TimeRemainingColumn())
+
+
+def plot(history: dict, path: pathlib.Path) -> None:
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+  left.plot(np.arange(1, len(history['loss']) + 1), history['loss'], linewidth=0.8)
+  left.set(xlabel='step', ylabel='answer loss', yscale='log', title='training loss')
+  steps, accuracy = zip(*history['accuracy']) if history['accuracy'] else ((), ())
+  right.plot(steps, accuracy, marker='o')
+  right.set(xlabel='step', ylabel='exact match', ylim=(0, 1.02),
+            title='held-out accuracy (derived decode step)')
+  figure.tight_layout()
+  figure.savefig(path, dpi=100)
+  plt.close(figure)
+
+
+# ----------------------------------------------------------------------------- the job
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(
+      description='Train a Transformer LM (linen_ext, nn.Stacked, remat) to add numbers; '
+                  'evaluate it by decoding with the step nn.as_scan derives.',
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  size = parser.add_argument_group('model and task size')
+  size.add_argument('--digits', type=int, default=3, help='digits of each operand')
+  size.add_argument('--depth', type=int, default=2, help='Transformer blocks (nn.Stacked)')
+  size.add_argument('--width', type=int, default=64, help='d_model')
+  size.add_argument('--heads', type=int, default=4, help='attention heads')
+  size.add_argument('--remat', default='nested',
+                    choices=['none', 'full', 'nested', 'save_all', 'offload'],
+                    help="the layer stack's checkpoint policy")
+  train = parser.add_argument_group('training')
+  train.add_argument('--steps', type=int, default=3000, help='optimizer steps')
+  train.add_argument('--batch', type=int, default=128, help='problems per step')
+  train.add_argument('--learning-rate', type=float, default=2e-3, help='peak AdamW rate')
+  train.add_argument('--warmup', type=int, default=100, help='linear warmup steps')
+  train.add_argument('--seed', type=int, default=0)
+  run = parser.add_argument_group('evaluation, checkpoints and outputs')
+  run.add_argument('--eval-every', type=int, default=500, help='steps between evaluations')
+  run.add_argument('--eval-problems', type=int, default=512, help='held-out problems')
+  run.add_argument('--checkpoint-every', type=int, default=500, help='steps between checkpoints')
+  run.add_argument('--resume', action='store_true', help='continue from the latest checkpoint')
+  run.add_argument('--stop-after', type=int, default=None,
+                   help='end after this many steps, as if interrupted (continue with --resume)')
+  run.add_argument('--out', type=pathlib.Path, default=pathlib.Path('runs/train_lm'),
+                   help='directory for checkpoints, history and the plot')
+  args = parser.parse_args(argv)
+  if not 0 <= args.warmup < args.steps:
+    parser.error(f'--warmup {args.warmup} must be at least 0 and below --steps {args.steps}')
+  return args
+
+
+def build(args):
+  task = Addition(args.digits)
+  model = TransformerLM(VOCAB, task.length, d_model=args.width, heads=args.heads,
+                        depth=args.depth, remat=False if args.remat == 'none' else args.remat)
+  return task, model
+
+
+def initial_state(model, optimizer, task: Addition, key):
+  params = model.init(key, jnp.zeros((1, task.length - 1), jnp.int32))['params']
+  return {'params': params, 'opt_state': optimizer.init(params)}
+
+
+def train(args, task, model, state, history, manager) -> tuple[dict, dict]:
+  optimizer = make_optimizer(args)
+  train_step = make_train_step(model, optimizer, task, args.batch,
+                               jax.random.key(args.seed + 1))
+  problems = task.eval_problems(args.eval_problems)
+  first, last = len(history['loss']), min(args.steps, args.stop_after or args.steps)
+  tokens_per_step = args.batch * (task.length - 1)
+  with progress_bar() as bar:
+    shown = bar.add_task('train', total=args.steps, completed=first, loss=float('nan'),
+                         rate=0.0, accuracy='-')
+    started = time.perf_counter()
+    for step in range(first, last):
+      state, loss = train_step(state, step)
+      history['loss'].append(float(loss))
+      done = step + 1
+      if done % args.eval_every == 0 or done == args.steps:
+        accuracy, _ = evaluate(model, state['params'], problems, task, check=0)
+        history['accuracy'].append([done, accuracy])
+        bar.update(shown, accuracy=f'{accuracy:.3f}')
+      if done % args.checkpoint_every == 0 or done == last:
+        save(manager, done, state, history)
+      rate = (done - first) * tokens_per_step / (time.perf_counter() - started)
+      bar.update(shown, completed=done, loss=history['loss'][-1], rate=rate)
+  manager.wait_until_finished()
+  return state, history
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+  args = parse_args(argv)
+  task, model = build(args)
+  args.out.mkdir(parents=True, exist_ok=True)
+  manager = checkpoint_manager(args.out / 'checkpoints', args.checkpoint_every)
+  state = initial_state(model, make_optimizer(args), task, jax.random.key(args.seed))
+  history = {'loss': [], 'accuracy': []}
+  if args.resume:
+    step, state, history = restore(manager, state)
+    print(f'resumed from step {step}')
+  else:
+    print(nn.tabulate(model, jax.random.key(args.seed), compute_flops=True, depth=2)(
+        jnp.zeros((1, task.length - 1), jnp.int32)))
+  state, history = train(args, task, model, state, history, manager)
+  accuracy, matches = evaluate(model, state['params'], task.eval_problems(args.eval_problems),
+                               task, check=16)
+  (args.out / 'history.json').write_text(json.dumps(history))
+  png = args.out / 'train_lm.png'
+  plot(history, png)
+  print(f'result: accuracy={accuracy:.4f} decode_matches_recompute={matches} '
+        f'checkpoint={manager.directory} plot={png}')
+  return {'accuracy': accuracy, 'decode_matches_recompute': matches, 'history': history,
+          'checkpoint': manager.directory, 'plot': png}
+
+
+if __name__ == '__main__':
+  main()
