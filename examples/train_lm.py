@@ -304,8 +304,11 @@ def build(args):
 
 
 def initial_state(model, optimizer, task: Addition, key):
-  params = model.init(key, jnp.zeros((1, task.length - 1), jnp.int32))['params']
-  return {'params': params, 'opt_state': optimizer.init(params)}
+  @jax.jit  # one compiled program instead of one per operation
+  def create(key):
+    params = model.init(key, jnp.zeros((1, task.length - 1), jnp.int32))['params']
+    return {'params': params, 'opt_state': optimizer.init(params)}
+  return create(key)
 
 
 def train(args, task, model, state, history, manager) -> tuple[dict, dict]:

@@ -1,5 +1,7 @@
 """The main job (examples/train_lm.py) with tiny flags: its result line, plot, checkpoints, resume."""
+import contextlib
 import importlib.util
+import io
 import json
 import pathlib
 import re
@@ -26,38 +28,42 @@ def train_lm():
   return module
 
 
-def main(train_lm, *flags):
+def run(train_lm, out, *flags):
+  """Runs the job; returns what it printed and the loss/accuracy history it wrote."""
+  printed = io.StringIO()
   # optax's schedules mix Python floats with int32 counts: standard promotion for the job,
-  # whose own code runs under the suite's strict setting everywhere else.
-  with jax.numpy_dtype_promotion('standard'):
-    return train_lm.main(TINY + list(flags))
+  # where the rest of the suite runs with strict promotion.
+  with contextlib.redirect_stdout(printed), jax.numpy_dtype_promotion('standard'):
+    train_lm.main(TINY + ['--out', str(out), *flags])
+  return printed.getvalue(), json.loads((out / 'history.json').read_text())
 
 
-def run(train_lm, capsys, out, *flags):
-  main(train_lm, '--out', str(out), *flags)
-  printed = capsys.readouterr().out
+@pytest.fixture(scope='module')
+def whole_run(train_lm, tmp_path_factory):
+  return run(train_lm, tmp_path_factory.mktemp('whole'))
+
+
+def test_result_line_plot_and_checkpoints(whole_run):
+  printed, history = whole_run
+  assert 'Total Parameters' in printed  # the nn.tabulate summary
   match = RESULT.search(printed)
   assert match, printed[-2000:]
-  return match, json.loads((out / 'history.json').read_text())
-
-
-def test_result_line_plot_and_checkpoints(train_lm, capsys, tmp_path):
-  match, history = run(train_lm, capsys, tmp_path)
   accuracy, matches, checkpoint, png = match.groups()
   assert 0.0 <= float(accuracy) <= 1.0
   assert matches == 'True'
   assert pathlib.Path(png).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
-  assert sorted(p.name for p in pathlib.Path(checkpoint).iterdir() if p.name.isdigit()) == ['4', '8']
+  steps = sorted(p.name for p in pathlib.Path(checkpoint).iterdir() if p.name.isdigit())
+  assert steps == ['4', '8']
   assert len(history['loss']) == 8 and all(np.isfinite(history['loss']))
   assert [step for step, _ in history['accuracy']] == [4, 8]
 
 
-def test_resume_continues_the_same_loss_curve(train_lm, capsys, tmp_path):
-  _, whole = run(train_lm, capsys, tmp_path / 'whole')
-  main(train_lm, '--out', str(tmp_path / 'split'), '--stop-after', '4')
-  capsys.readouterr()
-  _, resumed = run(train_lm, capsys, tmp_path / 'split', '--resume')
-  assert len(resumed['loss']) == 8
+def test_resume_continues_the_same_loss_curve(train_lm, whole_run, tmp_path):
+  _, whole = whole_run
+  _, first_half = run(train_lm, tmp_path, '--stop-after', '4')
+  assert len(first_half['loss']) == 4
+  printed, resumed = run(train_lm, tmp_path, '--resume')
+  assert 'resumed from step 4' in printed
   # The same compiled step on the same restored state and data: equal, not close.
   assert resumed['loss'] == whole['loss']
   assert resumed['accuracy'] == whole['accuracy']
@@ -65,18 +71,23 @@ def test_resume_continues_the_same_loss_curve(train_lm, capsys, tmp_path):
 
 def test_resume_without_a_checkpoint_says_so(train_lm, tmp_path):
   with pytest.raises(SystemExit, match='no checkpoint'):
-    main(train_lm, '--out', str(tmp_path), '--resume')
+    train_lm.main(TINY + ['--out', str(tmp_path), '--resume'])
+
+
+def test_warmup_must_fit_in_the_steps(train_lm, capsys):
+  with pytest.raises(SystemExit):
+    train_lm.main(TINY + ['--warmup', '8'])
+  assert '--warmup 8 must be at least 0 and below --steps 8' in capsys.readouterr().err
 
 
 def test_the_task_is_addition_with_the_sum_reversed(train_lm):
   task = train_lm.Addition(3)
   row = task.encode(np.array([724]), np.array([892]))[0]
   assert row.tolist() == [7, 2, 4, 10, 8, 9, 2, 11, 6, 1, 6, 1]  # 724+892=1616, reversed
-  problems = task.eval_problems(64)
-  a = problems[:, 0] * 100 + problems[:, 1] * 10 + problems[:, 2]
-  b = problems[:, 4] * 100 + problems[:, 5] * 10 + problems[:, 6]
-  assert task.held_out(a, b).all()  # evaluation draws only problems training never sees
-  trained = np.asarray(task.train_batch(jax.random.key(0), 4096))
-  a = trained[:, 0] * 100 + trained[:, 1] * 10 + trained[:, 2]
-  b = trained[:, 4] * 100 + trained[:, 5] * 10 + trained[:, 6]
-  assert not task.held_out(a, b).any()
+
+  def operands(rows):
+    return [rows[:, start:start + 3] @ np.array([100, 10, 1]) for start in (0, 4)]
+
+  # Evaluation draws only problems that training never sees.
+  assert task.held_out(*operands(task.eval_problems(64))).all()
+  assert not task.held_out(*operands(np.asarray(task.train_batch(jax.random.key(0), 4096)))).any()
