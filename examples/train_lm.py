@@ -31,6 +31,7 @@ import dataclasses
 import functools
 import json
 import pathlib
+import sys
 import time
 from collections.abc import Sequence
 
@@ -268,21 +269,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                   'evaluate it by decoding with the step nn.as_scan derives.',
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   size = parser.add_argument_group('model and task size')
-  size.add_argument('--digits', type=int, default=3, help='digits of each operand')
-  size.add_argument('--depth', type=int, default=2, help='Transformer blocks (nn.Stacked)')
+  size.add_argument('--digits', type=int, default=4, help='digits of each operand')
+  size.add_argument('--depth', type=int, default=4, help='Transformer blocks (nn.Stacked)')
   size.add_argument('--width', type=int, default=64, help='d_model')
   size.add_argument('--heads', type=int, default=4, help='attention heads')
   size.add_argument('--remat', default='nested',
                     choices=['none', 'full', 'nested', 'save_all', 'offload'],
                     help="the layer stack's checkpoint policy")
   train = parser.add_argument_group('training')
-  train.add_argument('--steps', type=int, default=3000, help='optimizer steps')
+  train.add_argument('--steps', type=int, default=1500, help='optimizer steps')
   train.add_argument('--batch', type=int, default=128, help='problems per step')
   train.add_argument('--learning-rate', type=float, default=2e-3, help='peak AdamW rate')
   train.add_argument('--warmup', type=int, default=100, help='linear warmup steps')
   train.add_argument('--seed', type=int, default=0)
   run = parser.add_argument_group('evaluation, checkpoints and outputs')
-  run.add_argument('--eval-every', type=int, default=500, help='steps between evaluations')
+  run.add_argument('--eval-every', type=int, default=250, help='steps between evaluations')
   run.add_argument('--eval-problems', type=int, default=512, help='held-out problems')
   run.add_argument('--checkpoint-every', type=int, default=500, help='steps between checkpoints')
   run.add_argument('--resume', action='store_true', help='continue from the latest checkpoint')
@@ -349,8 +350,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     step, state, history = restore(manager, state)
     print(f'resumed from step {step}')
   else:
-    print(nn.tabulate(model, jax.random.key(args.seed), compute_flops=True, depth=2)(
-        jnp.zeros((1, task.length - 1), jnp.int32)))
+    summary = nn.tabulate(model, jax.random.key(args.seed), compute_flops=True, depth=1,
+                          console_kwargs={'width': 120, 'force_terminal': sys.stdout.isatty()})
+    print(summary(jnp.zeros((1, task.length - 1), jnp.int32)))
   state, history = train(args, task, model, state, history, manager)
   accuracy, matches = evaluate(model, state['params'], task.eval_problems(args.eval_problems),
                                task, check=16)
