@@ -1,9 +1,10 @@
 """Train a small causal Transformer in training mode, then decode with the step `as_scan` derives.
 
-The model (token embedding, causal depthwise convolution, causal self-attention,
-MLP) is written once, for whole sequences. `linen_ext.as_scan` turns its
-training-mode `apply` into a one-token step with a KV cache and a convolution
-buffer, and generation runs that step in a `lax.scan`.
+The model (token embedding, an `nn.Stacked` of blocks with a causal depthwise
+convolution, causal self-attention and an MLP) is written once, for whole
+sequences. `linen_ext.as_scan` turns its training-mode `apply` into a one-token
+step with a KV cache and a convolution buffer, and generation runs that step in
+a `lax.scan`. `train_lm.py` is the larger version of this job.
 
 Task: each sequence counts modulo the vocabulary with its own stride
 (x_t = start + stride * t), so the model must read the stride from the prompt.
@@ -50,8 +51,8 @@ class TinyLM(nn.Module):
   @nn.compact
   def __call__(self, tokens):  # [batch, length] -> logits [batch, length, vocab]
     x = nn.Embed(self.vocab, self.d_model)(tokens)
-    for _ in range(self.depth):
-      x = CausalBlock(self.d_model, self.heads)(x)
+    x = nn.Stacked(CausalBlock, self.depth,
+                   block_kwargs={'d_model': self.d_model, 'heads': self.heads})(x)
     return nn.Dense(self.vocab)(nn.LayerNorm()(x))
 
 
