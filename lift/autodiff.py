@@ -87,24 +87,29 @@ def vjp(fn: Callable[..., Any], scope: Any, *primals, has_aux: bool = False,
   Returns ``(y, bwd)``, or ``(y, bwd, aux)`` with ``has_aux``;
   ``bwd(cotangent) -> (variable_cotangents, *primal_cotangents)`` where the
   variable cotangents cover the ``vjp_variables`` collections, shaped like the
-  scope tree (``{'params': ...}`` for one scope).
+  scope tree (``{'params': ...}`` for one scope). Not needed for gradients of
+  a whole model's loss: ``jax.grad`` of a function of the variables dict
+  (around `lift.apply`) is simpler.
 
   Args:
     fn: the scope function; returns ``y`` (or ``(y, aux)`` with ``has_aux``).
     scope: a scope or a pytree of scopes.
-    *primals: the arguments after the scope.
+    *primals (Any): the arguments after the scope.
     has_aux: whether ``fn`` returns ``(y, aux)``.
     reduce_axes: must be empty (JAX removed it).
     vjp_variables: collections that get cotangents.
     variables: other collections visible inside, without cotangents.
     rngs: the rng streams available inside (default: all).
 
-  >>> def f(scope, x):
-  ...   w = scope.param('w', jax.nn.initializers.ones, (x.shape[-1],))
-  ...   y, bwd = vjp(lambda s, x: jax.numpy.sum(s.get_variable('params', 'w') * x), scope, x)
-  ...   params_grad, x_grad = bwd(1.0)
-  ...   return params_grad, x_grad
-  >>> grads, variables = init(f)(jax.random.key(0), jax.numpy.arange(3.0))
+  Examples:
+    >>> def f(scope, x):
+    ...   w = scope.param('w', jax.nn.initializers.ones, (x.shape[-1],))
+    ...   y, bwd = vjp(lambda s, x: jnp.sum(s.get_variable('params', 'w') * x), scope, x)
+    ...   params_grad, x_grad = bwd(jnp.float32(1.0))
+    ...   return params_grad, x_grad
+    >>> (params_grad, x_grad), variables = lift.init(f)(jax.random.key(0), jnp.arange(3.0))
+    >>> params_grad['params']['w'], x_grad
+    (Array([0., 1., 2.], dtype=float32), Array([1., 1., 1.], dtype=float32))
   """
   _check_no_reduce_axes('vjp', reduce_axes)
   inner = functools.partial(_vjp_groups, fn, has_aux, _scope_treedef(scope))
@@ -132,20 +137,23 @@ def value_and_grad(fn: Callable[..., Any], scope: Any, *primals, has_aux: bool =
 
   Returns ``(y, grads)``, or ``(y, aux, grads)`` with ``has_aux``; ``grads`` is
   a tuple with one gradient per primal (as ``flax.core.lift.value_and_grad``).
-  Variables get no gradient: use :func:`vjp` for that.
+  Variables get no gradient: use `vjp` for that (and not this transform).
 
   Args:
     fn: the scope function; returns a scalar ``y`` (or ``(y, aux)``).
     scope: a scope or a pytree of scopes.
-    *primals: the arguments after the scope.
+    *primals (Any): the arguments after the scope.
     has_aux: whether ``fn`` returns ``(y, aux)``.
     reduce_axes: must be empty (JAX removed it).
     variables: the collections visible inside (default: all).
     rngs: the rng streams available inside (default: all).
 
-  >>> def f(scope, x):
-  ...   return value_and_grad(lambda s, x: jax.numpy.sum(x ** 2), scope, x)
-  >>> (y, (x_grad,)), _ = init(f)(jax.random.key(0), jax.numpy.arange(3.0))
+  Examples:
+    >>> def f(scope, x):
+    ...   return value_and_grad(lambda s, x: jnp.sum(x ** 2), scope, x)
+    >>> (y, (x_grad,)), _ = lift.init(f)(jax.random.key(0), jnp.arange(3.0))
+    >>> y, x_grad
+    (Array(5., dtype=float32), Array([0., 2., 4.], dtype=float32))
   """
   _check_no_reduce_axes('value_and_grad', reduce_axes)
   inner = functools.partial(_value_and_grad_groups, fn, has_aux)
@@ -186,7 +194,8 @@ def jvp(fn: Callable[..., Any], scope: Any, primals: Iterable[Any], tangents: It
         rngs: Filter = True) -> tuple[Any, Any]:
   """Lifted ``jax.jvp`` of ``fn(scope, *primals)``, with tangents for variables too.
 
-  Returns ``(y, y_tangent)``.
+  Returns ``(y, y_tangent)``. Not for gradients of a scalar loss: forward mode
+  costs one pass per input direction; use `vjp`.
 
   Args:
     fn: the scope function.
@@ -198,11 +207,14 @@ def jvp(fn: Callable[..., Any], scope: Any, primals: Iterable[Any], tangents: It
     variables: other collections visible inside, without tangents.
     rngs: the rng streams available inside (default: all).
 
-  >>> def f(scope, x):
-  ...   w = scope.param('w', jax.nn.initializers.ones, (3,))
-  ...   dense = lambda s, x: jax.numpy.sum(s.get_variable('params', 'w') * x)
-  ...   return jvp(dense, scope, (x,), (jax.numpy.zeros(3),), {'params': {'w': jax.numpy.ones(3)}})
-  >>> (y, y_dot), _ = init(f)(jax.random.key(0), jax.numpy.arange(3.0))
+  Examples:
+    >>> def f(scope, x):
+    ...   w = scope.param('w', jax.nn.initializers.ones, (3,))
+    ...   dense = lambda s, x: jnp.sum(s.get_variable('params', 'w') * x)
+    ...   return jvp(dense, scope, (x,), (jnp.zeros(3),), {'params': {'w': jnp.ones(3)}})
+    >>> (y, y_dot), _ = lift.init(f)(jax.random.key(0), jnp.arange(3.0))
+    >>> y, y_dot
+    (Array(3., dtype=float32), Array(3., dtype=float32))
   """
   treedef = _scope_treedef(scope)
   try:
@@ -270,6 +282,9 @@ def custom_vjp(fn: Callable[..., Any], forward_fn: Callable[..., Any],
                nondiff_argnums: Iterable[int] = ()) -> Callable[..., Any]:
   """Lifted ``jax.custom_vjp``: ``fn(scope, *args)`` with a hand-written backward rule.
 
+  Not for changing only what is saved for the backward pass: `checkpoint`
+  with a ``policy`` does that and keeps the exact gradient.
+
   Args:
     fn: the scope function, run when no gradient is taken.
     forward_fn: ``forward_fn(scope, *args) -> (y, residuals)``.
@@ -282,15 +297,23 @@ def custom_vjp(fn: Callable[..., Any], forward_fn: Callable[..., Any],
     nondiff_argnums: positions of arguments without cotangents, with the scope
       as 0 (as ``flax.core.lift.custom_vjp``); they are passed to ``backward_fn``.
 
-  >>> def dense(scope, x):
-  ...   return x @ scope.param('w', jax.nn.initializers.ones, (x.shape[-1], 2))
-  >>> def forward(scope, x):
-  ...   y, bwd = vjp(dense, scope, x)
-  ...   return y, bwd
-  >>> def backward(bwd, y_cotangent):
-  ...   params_t, x_t = bwd(y_cotangent)
-  ...   return jax.tree.map(jax.numpy.sign, params_t), x_t
-  >>> sign_grad_dense = custom_vjp(dense, forward, backward)
+  Examples:
+    >>> def dense(scope, x):
+    ...   return x @ scope.param('w', jax.nn.initializers.ones, (x.shape[-1], 2))
+    >>> def forward(scope, x):
+    ...   y, bwd = vjp(dense, scope, x)
+    ...   return y, bwd
+    >>> def backward(bwd, y_cotangent):
+    ...   params_t, x_t = bwd(y_cotangent)
+    ...   return jax.tree.map(jnp.sign, params_t), x_t
+    >>> sign_grad_dense = custom_vjp(dense, forward, backward)
+    >>> def loss(variables, x):
+    ...   return jnp.sum(lift.apply(sign_grad_dense)(variables, x))
+    >>> variables = {'params': {'w': jnp.ones((3, 2))}}
+    >>> jax.grad(loss)(variables, jnp.array([[-2.0, 0.0, 3.0]]))['params']['w']
+    Array([[-1., -1.],
+           [ 0.,  0.],
+           [ 1.,  1.]], dtype=float32)
   """
   argnums = check_argnums('custom_vjp', 'nondiff_argnums', nondiff_argnums, _CUSTOM_VJP_COUNTING)
   if 0 in argnums:

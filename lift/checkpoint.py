@@ -130,10 +130,13 @@ def checkpoint(fn: Callable[..., Any], variables: Filter = True, rngs: Filter = 
   Not needed around a whole model under ``jax.grad`` with memory to spare:
   recomputation costs time.
 
-  >>> def dense(scope, x):
-  ...   w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1], 2))
-  ...   return jax.numpy.tanh(x @ w)
-  >>> y, variables = init(checkpoint(dense))(jax.random.key(0), jax.numpy.ones((1, 3)))
+  Examples:
+    >>> def dense(scope, x):
+    ...   w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1], 2))
+    ...   return jnp.tanh(x @ w)
+    >>> y, variables = lift.init(checkpoint(dense))(jax.random.key(0), jnp.ones((1, 3)))
+    >>> jax.tree.map(jnp.shape, variables)
+    {'params': {'w': (3, 2)}}
   """
   if concrete:
     raise errors.TransformArgumentError(_CONCRETE)

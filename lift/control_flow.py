@@ -140,18 +140,22 @@ def cond(pred: Any, true_fun: Callable[..., C], false_fun: Callable[..., C], sco
 
   Args:
     pred: a boolean scalar.
-    true_fun, false_fun: ``branch(scope, *operands)``, with equal output types.
+    true_fun: ``branch(scope, *operands)``, run when ``pred`` is true.
+    false_fun: the other branch, with the output type of ``true_fun``.
     scope: a scope or a pytree of scopes.
-    *operands: the branch arguments.
+    *operands (Any): the branch arguments.
     variables: the collections lifted in and out (default: all).
     rngs: the rng streams available inside (default: all).
 
   Not for a ``pred`` known in Python: use an ``if``, which traces one branch.
 
-  >>> def f(scope, x, pred):
-  ...   dense = lambda s, x: x @ s.param('w', jax.nn.initializers.ones, (x.shape[-1], 2))
-  ...   return cond(pred, dense, lambda s, x: -dense(s, x), scope, x)
-  >>> y, variables = init(f)(jax.random.key(0), jax.numpy.ones((1, 3)), True)
+  Examples:
+    >>> def f(scope, x, pred):
+    ...   dense = lambda s, x: x @ s.param('w', jax.nn.initializers.ones, (x.shape[-1], 2))
+    ...   return cond(pred, dense, lambda s, x: -dense(s, x), scope, x)
+    >>> y, variables = lift.init(f)(jax.random.key(0), jnp.ones((1, 3)), True)
+    >>> y
+    Array([[3., 3.]], dtype=float32)
   """
   _check_callable('cond', 'true_fun', true_fun, '`cond(pred, f, g, scope, x)`')
   _check_callable('cond', 'false_fun', false_fun, '`cond(pred, f, g, scope, x)`')
@@ -166,19 +170,22 @@ def switch(index: Any, branches: Sequence[Callable[..., C]], scope: Any, *operan
 
   Every branch is traced and must create and update the same variables; updates
   of the branch taken survive. Each branch draws the rng keys it would draw
-  without ``switch``.
+  without ``switch``. Not for an index known in Python: index the list, which
+  traces one branch.
 
   Args:
     index: an integer scalar.
     branches: a non-empty sequence of ``branch(scope, *operands)``.
     scope: a scope or a pytree of scopes.
-    *operands: the branch arguments.
+    *operands (Any): the branch arguments.
     variables: the collections lifted in and out (default: all).
     rngs: the rng streams available inside (default: all).
 
-  >>> def f(scope, x, i):
-  ...   return switch(i, [lambda s, x: x, lambda s, x: 2 * x], scope, x)
-  >>> y = apply(f)({}, jax.numpy.ones(3), 1)
+  Examples:
+    >>> def f(scope, x, i):
+    ...   return switch(i, [lambda s, x: x, lambda s, x: 2 * x], scope, x)
+    >>> lift.apply(f)({}, jnp.ones(3), 1)
+    Array([2., 2., 2.], dtype=float32)
   """
   if isinstance(branches, (str, bytes)) or not isinstance(branches, Sequence) or not branches:
     raise errors.TransformArgumentError(_NO_BRANCHES.format(value=branches))
@@ -268,13 +275,16 @@ def while_loop(cond_fn: Callable[[Any, C], Any], body_fn: Callable[[Any, C], C],
   Not for a loop with a known trip count: ``scan`` also differentiates in
   reverse mode.
 
-  >>> def f(scope, x):
-  ...   count = scope.variable('state', 'n', lambda: 0)
-  ...   def body(scope, x):
-  ...     scope.put_variable('state', 'n', scope.get_variable('state', 'n') + 1)
-  ...     return 2 * x
-  ...   return while_loop(lambda s, x: x < 100, body, scope, x, carry_variables='state')
-  >>> y, state = apply(f, mutable='state')({}, 1)
+  Examples:
+    >>> def f(scope, x):
+    ...   count = scope.variable('state', 'n', lambda: 0)
+    ...   def body(scope, x):
+    ...     scope.put_variable('state', 'n', scope.get_variable('state', 'n') + 1)
+    ...     return 2 * x
+    ...   return while_loop(lambda s, x: x < 100, body, scope, x, carry_variables='state')
+    >>> y, state = lift.apply(f, mutable='state')({}, 1)
+    >>> int(y), int(state['state']['n'])
+    (128, 7)
   """
   _check_callable('while_loop', 'cond_fn', cond_fn, '`while_loop(cond_fn, body_fn, scope, init)`')
   _check_callable('while_loop', 'body_fn', body_fn, '`while_loop(cond_fn, body_fn, scope, init)`')

@@ -14,6 +14,17 @@ class LiftError(Exception):
   Where Flax raises an error for the same misuse, ours also derives from
   Flax's class (``MissingParamError`` is a ``flax.errors.ScopeParamNotFoundError``),
   so code that catches Flax's errors keeps working; the message is ours.
+  Catch it to handle any misuse of `lift`; it is not meant to be raised by
+  user code (raise your own exception class instead).
+
+  Examples:
+    >>> try:
+    ...   lift.apply(lambda scope: scope.param('w', jnp.zeros, (2,)))({})
+    ... except LiftError as e:
+    ...   print(type(e).__name__)
+    MissingCollectionError
+    >>> issubclass(MissingParamError, flax_errors.ScopeParamNotFoundError)
+    True
   """
 
   def __init__(self, *args):
@@ -24,7 +35,17 @@ class ScanConversionError(LiftError):
   """`as_scan` could not turn a function into its step form.
 
   Raised for a primitive without a rule, or for a non-causal use of the scan
-  axis (a reduction over time, an anti-causal shift, a reversal).
+  axis (a reduction over time, an anti-causal shift, a reversal); the message
+  names the primitive, where it was called and why. It is raised once, when
+  the step is derived: do not catch it to fall back at every step, fix the
+  function or give its causal part a `lift.custom_causal` rule.
+
+  Examples:
+    >>> try:
+    ...   lift.as_scan(lambda xs: xs[::-1], jnp.zeros(3))
+    ... except ScanConversionError as e:
+    ...   print(str(e).splitlines()[0])
+    as_scan cannot convert `rev` at ...: it reverses the scan axis 0 ...
   """
 
 
@@ -34,7 +55,21 @@ def _path_text(path) -> str:
 
 
 class InvalidScopeError(LiftError, flax_errors.InvalidScopeError):
-  """A scope or variable was used after the transform or `apply` that made it returned."""
+  """A scope or variable was used after the transform or `apply` that made it returned.
+
+  Scopes are only valid while the function they were passed to runs; do not
+  keep them in closures or globals (return values instead). Not a signal to
+  retry: the scope will not become valid again.
+
+  Examples:
+    >>> kept = []
+    >>> lift.apply(lambda scope: kept.append(scope))({})
+    >>> try:
+    ...   kept[0].get_variable('params', 'w')
+    ... except InvalidScopeError as e:
+    ...   print(str(e)[:43])
+    The scope at "/" is no longer valid: it ...
+  """
 
   def __init__(self, path):
     super().__init__(

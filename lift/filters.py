@@ -32,8 +32,12 @@ PRNGSequenceFilter = Filter
 class DenyList:
   """Matches every name except those matched by ``deny``.
 
-  >>> in_filter(DenyList('params'), 'batch_stats')
-  True
+  Not needed for a filter of every name (``True``) or of a few names (a list
+  of strings): use those.
+
+  Examples:
+    >>> in_filter(DenyList('params'), 'batch_stats'), in_filter(DenyList('params'), 'params')
+    (True, False)
   """
   deny: Filter
 
@@ -87,8 +91,12 @@ def validate_filter(f: Any) -> Filter:
 def in_filter(filter_like: Filter, name: str) -> bool:
   """Whether ``name`` is matched by the filter.
 
-  >>> in_filter(['params', 'cache'], 'cache'), in_filter(False, 'params')
-  (True, False)
+  Not for comparing two filters: compose them with `intersect_filters` or
+  `subtract_filters` and test the result with `is_filter_empty`.
+
+  Examples:
+    >>> in_filter(['params', 'cache'], 'cache'), in_filter(False, 'params')
+    (True, False)
   """
   filter_like = from_flax(filter_like)
   if filter_like is True or filter_like is False:
@@ -101,8 +109,12 @@ def in_filter(filter_like: Filter, name: str) -> bool:
 def is_filter_empty(filter_like: Filter) -> bool:
   """Whether the filter matches no name at all.
 
-  >>> is_filter_empty([]), is_filter_empty(DenyList(True)), is_filter_empty('a')
-  (True, True, False)
+  Not the same as ``not f``: ``DenyList(True)`` is empty, and a list of
+  names is not. Use it rather than truth tests on filters.
+
+  Examples:
+    >>> is_filter_empty([]), is_filter_empty(DenyList(True)), is_filter_empty('a')
+    (True, True, False)
   """
   filter_like = from_flax(filter_like)
   if filter_like is True or filter_like is False:
@@ -124,8 +136,14 @@ def _is_everything(f: Filter) -> bool:
 def union_filters(a: Filter, b: Filter) -> Filter:
   """The filter matching names matched by ``a`` or ``b``.
 
-  >>> union_filters(DenyList(['a', 'b']), ['b', 'c']) == DenyList({'a'})
-  True
+  Not for splitting collections into groups: `group_collections` does that,
+  first match first.
+
+  Examples:
+    >>> union_filters(DenyList(['a', 'b']), ['b', 'c']) == DenyList({'a'})
+    True
+    >>> sorted(union_filters('params', ['cache']))
+    ['cache', 'params']
   """
   a, b = from_flax(a), from_flax(b)
   if _is_everything(a) or _is_everything(b):
@@ -142,8 +160,11 @@ def union_filters(a: Filter, b: Filter) -> Filter:
 def intersect_filters(a: Filter, b: Filter) -> Filter:
   """The filter matching names matched by both ``a`` and ``b``.
 
-  >>> intersect_filters(DenyList(['a', 'b']), ['b', 'c'])
-  {'c'}
+  Not for testing one name: `in_filter` does that without building a filter.
+
+  Examples:
+    >>> intersect_filters(DenyList(['a', 'b']), ['b', 'c'])
+    {'c'}
   """
   a, b = from_flax(a), from_flax(b)
   if _is_everything(a):
@@ -162,8 +183,13 @@ def intersect_filters(a: Filter, b: Filter) -> Filter:
 def subtract_filters(a: Filter, b: Filter) -> Filter:
   """The filter matching names matched by ``a`` but not by ``b``.
 
-  >>> subtract_filters(True, 'params') == DenyList('params')
-  True
+  Not needed to write "everything but x": ``DenyList('x')`` says it directly.
+
+  Examples:
+    >>> subtract_filters(True, 'params') == DenyList('params')
+    True
+    >>> subtract_filters(['params', 'cache'], 'cache')
+    {'params'}
   """
   a, b = from_flax(a), from_flax(b)
   if _is_everything(b):
@@ -200,10 +226,12 @@ def group_collections(xs: Mapping[str, Any],
                       filters: Sequence[Filter]) -> tuple[dict[str, Any], ...]:
   """Splits the keys of ``xs`` into one dict per filter; the first match wins.
 
-  A key matched by no filter is left out of every group.
+  A key matched by no filter is left out of every group. Not for overlapping
+  filters whose order you do not control: each key goes to the first match only.
 
-  >>> group_collections({'params': 1, 'stats': 2, 'cache': 3}, ['params', True])
-  ({'params': 1}, {'stats': 2, 'cache': 3})
+  Examples:
+    >>> group_collections({'params': 1, 'stats': 2, 'cache': 3}, ['params', True])
+    ({'params': 1}, {'stats': 2, 'cache': 3})
   """
   remaining = list(xs.keys())
   groups = []

@@ -45,9 +45,12 @@ def fold_rngs(fn: Callable[..., Any], variables: Filter = True,
 
   Only needed to reproduce ``flax.core.lift.fold_rngs``/``jit`` keys.
 
-  >>> def noise(scope):
-  ...   return jax.random.normal(scope.make_rng('noise'))
-  >>> y = apply(fold_rngs(noise))({}, rngs={'noise': jax.random.key(0)})
+  Examples:
+    >>> def noise(scope):
+    ...   return jax.random.normal(scope.make_rng('noise'))
+    >>> y = lift.apply(fold_rngs(noise))({}, rngs={'noise': jax.random.key(0)})
+    >>> y.shape, y.dtype
+    ((), dtype('float32'))
   """
   inner = functools.partial(_fold_groups, fn)
   functools.update_wrapper(inner, fn)

@@ -57,9 +57,14 @@ def bind(variables: Mapping[str, Any], rngs: Any = None, mutable: Filter = False
          flags: Mapping[str, Any] | None = None) -> Scope:
   """A root scope over ``variables``; mutable collections are copied, never written in place.
 
-  >>> scope = bind({'params': {'w': 1.0}})
-  >>> scope.get_variable('params', 'w')
-  1.0
+  For interactive use and tests; the scope stays valid until
+  ``scope.invalidate()``. Not for library code: `apply` invalidates its scope
+  when the function returns, so a kept scope fails loudly.
+
+  Examples:
+    >>> scope = lift.bind({'params': {'w': 1.0}})
+    >>> scope.get_variable('params', 'w')
+    1.0
   """
   _check_variables(variables)
   mutable = validate_filter(mutable)
@@ -73,8 +78,12 @@ def apply(fn: Callable[..., Any], mutable: Filter = False,
   """Turns ``fn(scope, *args)`` into ``apply_fn(variables, *args, rngs=None)``.
 
   Returns ``y``, or ``(y, mutated_variables)`` when ``mutable`` is not False.
+  Not for creating parameters: use `init`, whose 'params' are mutable.
 
-  >>> y = apply(lambda scope: scope.get_variable('params', 'w') * 2)({'params': {'w': 1.0}})
+  Examples:
+    >>> double = lift.apply(lambda scope: scope.get_variable('params', 'w') * 2)
+    >>> double({'params': {'w': 1.0}})
+    2.0
   """
 
   @functools.wraps(fn)
@@ -96,9 +105,14 @@ def init(fn: Callable[..., Any], mutable: Filter = True,
          flags: Mapping[str, Any] | None = None) -> Callable[..., Any]:
   """Turns ``fn(scope, *args)`` into ``init_fn(rngs, *args) -> (y, variables)``.
 
-  A single key as ``rngs`` means ``{'params': key}``.
+  A single key as ``rngs`` means ``{'params': key}``. Every collection is
+  mutable by default. Not for running a model whose variables exist: use
+  `apply`, which does not create missing parameters silently.
 
-  >>> y, variables = init(lambda scope: scope.param('w', lambda k: 1.0))(jax.random.key(0))
+  Examples:
+    >>> init_fn = lift.init(lambda scope: scope.param('w', lambda key: 1.0))
+    >>> init_fn(jax.random.key(0))
+    (1.0, {'params': {'w': 1.0}})
   """
 
   @functools.wraps(fn)

@@ -399,15 +399,19 @@ def jit(fn: Callable[..., Any], variables: Filter = True, rngs: Filter = True,
     static_argnames: names of keyword arguments to treat as static.
     donate_argnums: positions (scope = 0) of arguments whose buffers XLA may
       reuse for the outputs.
-    device, backend: as ``jax.jit``'s (deprecated there: prefer placing the inputs).
+    device: as ``jax.jit``'s (deprecated there: prefer placing the inputs).
+    backend: as ``jax.jit``'s (deprecated there too).
 
   Not worth it around a function that is already inside another ``lift.jit``:
   there it is inlined.
 
-  >>> def dense(scope, x):
-  ...   w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1], 2))
-  ...   return x @ w
-  >>> y, variables = init(jit(dense))(jax.random.key(0), jax.numpy.ones((1, 3)))
+  Examples:
+    >>> def dense(scope, x):
+    ...   w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1], 2))
+    ...   return x @ w
+    >>> y, variables = lift.init(jit(dense))(jax.random.key(0), jnp.ones((1, 3)))
+    >>> y.shape
+    (1, 2)
   """
   config = _config(fn, variables, rngs, static_argnums, static_argnames, donate_argnums,
                    device, backend)

@@ -100,14 +100,15 @@ def map_variables(fn: Callable[..., Any], mapped_collections: Filter,
   Not for changing a variable's structure per call: a mapping must be
   invertible when ``mutable`` or ``init`` is set.
 
-  >>> def dense(scope, x):
-  ...   w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1], 2))
-  ...   return x @ w
-  >>> transpose = lambda c: jax.tree.map(lambda a: a.T, c)
-  >>> decoder = map_variables(dense, 'params', transpose, transpose, init=True)
-  >>> y, variables = init(decoder)(jax.random.key(0), jax.numpy.ones((1, 3)))
-  >>> variables['params']['w'].shape
-  (2, 3)
+  Examples:
+    >>> def dense(scope, x):
+    ...   w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1], 2))
+    ...   return x @ w
+    >>> transpose = lambda c: jax.tree.map(lambda a: a.T, c)
+    >>> decoder = map_variables(dense, 'params', transpose, transpose, init=True)
+    >>> y, variables = lift.init(decoder)(jax.random.key(0), jnp.ones((1, 3)))
+    >>> variables['params']['w'].shape
+    (2, 3)
   """
   mapped_collections = validate_filter(mapped_collections)
   config = _MapConfig(mapped_collections, map_in_fn, map_out_fn, init, mutable)
@@ -128,10 +129,14 @@ def _swap(col_a: str, col_b: str, target: dict[str, Any]) -> dict[str, Any]:
 def swap_collection(fn: Callable[..., Any], col_a: str, col_b: str) -> Callable[..., Any]:
   """Lifted ``fn`` that sees collection ``col_a`` as ``col_b`` and vice versa.
 
-  >>> def read(scope):
-  ...   return scope.get_variable('a', 'x')
-  >>> apply(swap_collection(read, 'a', 'b'))({'a': {'x': 1}, 'b': {'x': 2}})
-  2
+  Not for renaming one collection for good: rename the keys of the variables
+  dict; a swap is for code written against the other name.
+
+  Examples:
+    >>> def read(scope):
+    ...   return scope.get_variable('a', 'x')
+    >>> lift.apply(swap_collection(read, 'a', 'b'))({'a': {'x': 1}, 'b': {'x': 2}})
+    2
   """
   swap = functools.partial(_swap, col_a, col_b)
   return map_variables(fn, (col_a, col_b), swap, swap, mutable=True)

@@ -209,11 +209,20 @@ def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
   rng_groups)`` rebuilds the scopes; ``repack_fn(scope_tree)`` returns the
   mutable variables as ``out_groups``, one group per out-filter.
 
-  >>> def lift_identity(fn):
-  ...   def inner(scope_fn, repack_fn, variable_groups, rng_groups, *args):
-  ...     scope = scope_fn(variable_groups, rng_groups)
-  ...     return fn(scope, *args), repack_fn(scope)
-  ...   return pack(inner, (True,), (True,), (True,), name='identity')
+  Use it to write a new lifted transform; not needed to use the ones `lift`
+  ships (`vmap`, `scan`, `checkpoint`, ... are each a client of `pack`).
+
+  Examples:
+    >>> def lift_identity(fn):
+    ...   def inner(scope_fn, repack_fn, variable_groups, rng_groups, *args):
+    ...     scope = scope_fn(variable_groups, rng_groups)
+    ...     return fn(scope, *args), repack_fn(scope)
+    ...   return pack(inner, (True,), (True,), (True,), name='identity')
+    >>> def dense(scope, x):
+    ...   return x @ scope.param('w', jax.nn.initializers.ones, (x.shape[-1], 2))
+    >>> y, variables = lift.init(lift_identity(dense))(jax.random.key(0), jnp.ones((1, 3)))
+    >>> y
+    Array([[3., 3.]], dtype=float32)
   """
   spec = PackSpec(*(tuple(validate_filter(f) for f in fs)
                     for fs in (in_variable_filters, out_variable_filters, rng_filters)), name)

@@ -81,12 +81,13 @@ def remat_scan(body_fn: Callable[..., Any], lengths: Sequence[int],
 
   Not when the steps need scanned inputs or outputs: use ``scan(remat=...)``.
 
-  >>> def layer(scope, x):
-  ...   w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1],) * 2)
-  ...   return jax.numpy.tanh(x @ w)
-  >>> y, variables = init(remat_scan(layer, lengths=(2, 3)))(jax.random.key(0), jax.numpy.ones((1, 4)))
-  >>> variables['params']['w'].shape
-  (2, 3, 4, 4)
+  Examples:
+    >>> def layer(scope, x):
+    ...   return jnp.tanh(x @ scope.param('w', jax.nn.initializers.ones, (4, 4)))
+    >>> stack = remat_scan(layer, lengths=(2, 3))
+    >>> y, variables = lift.init(stack)(jax.random.key(0), jnp.ones((1, 4)))
+    >>> variables['params']['w'].shape
+    (2, 3, 4, 4)
   """
   lengths = tuple(lengths) if isinstance(lengths, Sequence) else lengths
   if not (isinstance(lengths, tuple) and lengths and all(

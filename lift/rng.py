@@ -41,9 +41,16 @@ def fold_in_static(key: jax.Array, data: tuple[Foldable, ...]) -> jax.Array:
 class RngStream:
   """A PRNG stream: ``key`` is a pytree leaf (vmapped, split, traced), ``suffix`` is static.
 
-  >>> s = RngStream(jax.random.key(0)).child('dense')
-  >>> s.suffix
-  ('dense',)
+  The n-th draw of a stream is ``fold_in`` of its raw key with a hash of its
+  suffix and n, as Flax derives keys. Scopes manage their streams; draw keys
+  with ``scope.make_rng(name)``, not by building streams yourself.
+
+  Examples:
+    >>> stream = RngStream(jax.random.key(0)).child('dense')
+    >>> stream.suffix
+    ('dense',)
+    >>> stream.draw(1).shape
+    ()
   """
   key: Any
   suffix: tuple[Foldable, ...] = dataclasses.field(

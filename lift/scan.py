@@ -63,7 +63,16 @@ _DEPENDS_ON_LOOP = (
 
 
 class _Broadcast:
-  """The `in_axes`/`out_axes` marker of values that every step shares."""
+  """The `in_axes`/`out_axes` marker of values that every step shares.
+
+  Not for variables: collections every step shares go in ``variable_broadcast``.
+
+  Examples:
+    >>> step = lambda scope, c, x, w: (c + x * w, None)
+    >>> c, _ = lift.apply(scan(step, in_axes=(0, broadcast)))({}, 0.0, jnp.arange(3.0), 2.0)
+    >>> float(c)
+    6.0
+  """
 
   def __repr__(self):
     return 'lift.broadcast'
@@ -458,12 +467,14 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
       the step creates them, it first runs once on its own (as the unrolled loop).
     split_rngs: ``{stream filter: bool}``; step ``i`` of a split stream draws from
       ``split(key, length)[i]``. Streams matched by no filter are unavailable inside.
-    in_axes, out_axes: axis of each ``xs``/``ys`` leaf (tree prefixes);
-      ``lift.broadcast`` (or None) passes an input whole to every step, or
-      returns an output computed once (it must not depend on the loop).
-      Keyword arguments reach every step whole.
+    in_axes: axis of each ``xs`` leaf (a tree prefix); ``lift.broadcast`` (or
+      None) passes an input whole to every step. Keyword arguments too.
+    out_axes: axis of each ``ys`` leaf; ``lift.broadcast`` (or None) returns
+      an output computed once (it must not depend on the loop).
     length: number of steps; inferred from the scanned inputs and variables.
-    reverse, unroll, _split_transpose: as ``lax.scan``.
+    reverse: as ``lax.scan``.
+    unroll: as ``lax.scan``.
+    _split_transpose: as ``lax.scan``'s.
     data_transform: ``(variable_groups, rng_groups) -> (variable_groups,
       rng_groups)`` applied inside each step before the scope is rebuilt.
     metadata_params: passed to the ``AxisMetadata`` boxes of scanned collections.
@@ -475,13 +486,13 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
 
   Not for loops of unknown length: use ``while_loop``.
 
-  >>> def layer(scope, x, _):
-  ...   w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1],) * 2)
-  ...   return jax.numpy.tanh(x @ w), None
-  >>> stack = scan(layer, variable_axes={'params': 0}, split_rngs={'params': True}, length=5)
-  >>> (y, _), variables = init(stack)(jax.random.key(0), jax.numpy.ones((2, 3)), None)
-  >>> variables['params']['w'].shape
-  (5, 3, 3)
+  Examples:
+    >>> def layer(scope, x, _):
+    ...   return jnp.tanh(x @ scope.param('w', jax.nn.initializers.ones, (3, 3))), None
+    >>> stack = scan(layer, variable_axes={'params': 0}, split_rngs={'params': True}, length=5)
+    >>> (y, _), variables = lift.init(stack)(jax.random.key(0), jnp.ones((2, 3)), None)
+    >>> variables['params']['w'].shape
+    (5, 3, 3)
   """
   axes = check_variable_axes('scan', variable_axes, allow_none=False,
                              hint=', or variable_broadcast for collections shared by every step')

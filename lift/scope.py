@@ -27,8 +27,9 @@ T = TypeVar('T')
 def copy_structure(tree: Any) -> Any:
   """A copy of the nested dict structure of ``tree`` as plain dicts; leaves are shared.
 
-  >>> copy_structure({'a': {'b': 1}})
-  {'a': {'b': 1}}
+  Examples:
+    >>> copy_structure({'a': {'b': 1}})
+    {'a': {'b': 1}}
   """
   if isinstance(tree, Mapping):
     return {k: copy_structure(v) for k, v in tree.items()}
@@ -38,9 +39,17 @@ def copy_structure(tree: Any) -> Any:
 class Variable(Generic[T]):
   """A handle on one variable of a scope: ``.value`` reads and writes it.
 
-  >>> def f(scope):
-  ...   count = scope.variable('counter', 'count', lambda: 0)
-  ...   count.value += 1
+  Made by `Scope.variable`, not constructed directly. Like its scope, it is
+  only valid while the function it was made in runs: return its value rather
+  than keeping the handle.
+
+  Examples:
+    >>> def count(scope):
+    ...   n = scope.variable('counter', 'n', lambda: 0)
+    ...   n.value += 1
+    ...   return n.value
+    >>> lift.apply(count, mutable='counter')({'counter': {'n': 41}})
+    (42, {'counter': {'n': 42}})
   """
 
   def __init__(self, scope: 'Scope', collection: str, name: str, unbox: bool = True):
@@ -68,11 +77,20 @@ class Variable(Generic[T]):
 class Scope:
   """Variables, PRNG streams and mutability of one node in the variable tree.
 
-  >>> def dense(scope, x, features):
-  ...   kernel = scope.param('kernel', jax.nn.initializers.lecun_normal(),
-  ...                        (x.shape[-1], features))
-  ...   return x @ kernel
-  >>> y, variables = init(dense)(jax.random.key(0), jax.numpy.ones((1, 3)), 2)
+  A scope function ``fn(scope, *args)`` creates and reads its variables
+  through the scope; `lift.init`, `lift.apply` and `lift.bind` make the root
+  scope, ``push`` and ``child`` make children. Do not construct one directly
+  or keep one after the function it was passed to returns (that raises
+  `InvalidScopeError`); in Module code, use `linen_ext.Module` instead.
+
+  Examples:
+    >>> def dense(scope, x, features):
+    ...   kernel = scope.param('kernel', jax.nn.initializers.lecun_normal(),
+    ...                        (x.shape[-1], features))
+    ...   return x @ kernel
+    >>> y, variables = lift.init(dense)(jax.random.key(0), jnp.ones((1, 3)), 2)
+    >>> y.shape, variables['params']['kernel'].shape
+    ((1, 2), (3, 2))
   """
 
   def __init__(self, variables: dict, rngs: Mapping[str, Any] | None = None,
@@ -136,8 +154,12 @@ class Scope:
   def temporary(self) -> Iterator['Scope']:
     """This scope, invalidated when the ``with`` block ends (as Flax's).
 
-    >>> with scope.temporary() as s:
-    ...   y = s.param('w', jax.nn.initializers.zeros, (2,))
+    Examples:
+      >>> scope = lift.bind({}, rngs=jax.random.key(0), mutable=True)
+      >>> with scope.temporary() as s:
+      ...   w = s.param('w', jax.nn.initializers.zeros, (2,))
+      >>> w, s.invalid
+      (Array([0., 0.], dtype=float32), True)
     """
     try:
       yield self
@@ -196,8 +218,14 @@ class Scope:
             **partial_kwargs) -> Callable[..., Any]:
     """Partially applies a new child scope to ``fn``; repeated calls reuse its variables.
 
-    >>> def mlp(scope, x):
-    ...   return scope.child(dense, 'out')(x, 1)
+    Examples:
+      >>> def dense(scope, x, features):
+      ...   return x @ scope.param('kernel', jax.nn.initializers.ones, (x.shape[-1], features))
+      >>> def mlp(scope, x):
+      ...   return scope.child(dense, 'out')(x, 1)
+      >>> y, variables = lift.init(mlp)(jax.random.key(0), jnp.ones((1, 3)))
+      >>> jax.tree.map(jnp.shape, variables)
+      {'params': {'out': {'kernel': (3, 1)}}}
     """
     if name is None:
       if prefix is None:
@@ -259,7 +287,14 @@ class Scope:
     ``col`` is immutable). A write to a collection immutable everywhere is
     left to the caller.
 
-    >>> scope.check_lifted('batch_stats', 'mean')  # raises inside vmap(variable_axes={'params': 0})
+    Examples:
+      >>> def body(scope, x):
+      ...   scope.check_lifted('stats', 'mean')   # 'stats' is not lifted into vmap
+      ...   return x
+      >>> f = lift.vmap(body, variable_axes={'params': 0}, split_rngs={})
+      >>> lift.apply(f, mutable='stats')({}, jnp.ones(2))
+      Traceback (most recent call last):
+      lift.errors.UnliftedCollectionError: Cannot update variable "mean" in "vmap(/)" ...
     """
     if in_filter(self.root._unlifted, col):
       raise errors.UnliftedCollectionError(col, name, self.path_text, self.root._debug_name)

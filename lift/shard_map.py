@@ -146,8 +146,9 @@ def shard_map(fn: Callable[..., Any], *, mesh: jax.sharding.Mesh, in_specs: Any,
     fn: the scope function; it sees local shards and may use collectives over
       the mesh axes.
     mesh: the device mesh.
-    in_specs, out_specs: as ``jax.shard_map``, for the positional arguments
-      after the scope and for the result. Keyword arguments are replicated.
+    in_specs: as ``jax.shard_map``, for the positional arguments after the
+      scope. Keyword arguments are replicated.
+    out_specs: as ``jax.shard_map``, for the result.
     variable_specs: ``{collection filter: PartitionSpec}``, the layout of every
       variable of the matched collections, inside and out. Collections matched
       by no filter are not available inside.
@@ -155,19 +156,23 @@ def shard_map(fn: Callable[..., Any], *, mesh: jax.sharding.Mesh, in_specs: Any,
       splits over all manual mesh axes, an axis name (or tuple) over those
       only; other shards along unsplit axes share the key. Streams matched by
       no filter are not available inside.
-    axis_names, check_vma: as ``jax.shard_map``.
+    axis_names: as ``jax.shard_map``.
+    check_vma: as ``jax.shard_map``.
 
   Not needed for plain data parallelism under ``jax.jit``: sharded inputs and
   ``Partitioned`` variables already give that.
 
-  >>> from jax.sharding import PartitionSpec as P
-  >>> mesh = jax.make_mesh((1,), ('model',), axis_types=(jax.sharding.AxisType.Auto,))
-  >>> def dense(scope, x):
-  ...   w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1], 2))
-  ...   return jax.lax.psum(x @ w, 'model')
-  >>> sharded = shard_map(dense, mesh=mesh, in_specs=P(None, 'model'), out_specs=P(),
-  ...                     variable_specs={'params': P('model')}, split_rngs={'params': True})
-  >>> y, variables = init(sharded)(jax.random.key(0), jax.numpy.ones((3, 4)))
+  Examples:
+    >>> from jax.sharding import PartitionSpec as P
+    >>> mesh = jax.make_mesh((1,), ('model',), axis_types=(jax.sharding.AxisType.Auto,))
+    >>> def dense(scope, x):
+    ...   w = scope.param('w', jax.nn.initializers.ones, (x.shape[-1], 2))
+    ...   return jax.lax.psum(x @ w, 'model')
+    >>> sharded = shard_map(dense, mesh=mesh, in_specs=P(None, 'model'), out_specs=P(),
+    ...                     variable_specs={'params': P('model')}, split_rngs={'params': True})
+    >>> y, variables = lift.init(sharded)(jax.random.key(0), jnp.ones((3, 4)))
+    >>> y.shape, variables['params']['w'].shape
+    ((3, 2), (4, 2))
   """
   if not isinstance(mesh, (jax.sharding.Mesh, jax.sharding.AbstractMesh)):
     raise errors.InvalidAxisError(_NOT_A_MESH.format(mesh=mesh))

@@ -337,24 +337,27 @@ def vmap(fn: Callable[..., Any], variable_axes: Mapping[Filter, int | None],
     split_rngs: ``{stream filter: bool}``; item ``i`` of a split stream draws
       from ``split(key, n)[i]``, an unsplit stream is the same for every item.
       Streams matched by no filter are not available inside.
-    in_axes, out_axes: as ``jax.vmap``, for the positional arguments after the
-      scope and for the result. Keyword arguments reach every item unmapped.
+    in_axes: as ``jax.vmap``, for the positional arguments after the scope.
+      Keyword arguments reach every item unmapped.
+    out_axes: as ``jax.vmap``, for the result.
     axis_size: the mapped size; inferred from the mapped arguments and
       variables when None.
-    axis_name, spmd_axis_name: as ``jax.vmap``.
+    axis_name: as ``jax.vmap``.
+    spmd_axis_name: as ``jax.vmap``.
     metadata_params: passed to ``add_axis``/``remove_axis`` of the
       ``flax.core.meta.AxisMetadata`` boxes of mapped collections.
 
   Not for sharing weights across positions of one input: that is plain
   broadcasting, no transform needed.
 
-  >>> def dense(scope, x):
-  ...   w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1], 2))
-  ...   return x @ w
-  >>> ensemble = vmap(dense, variable_axes={'params': 0}, split_rngs={'params': True})
-  >>> y, variables = init(ensemble)(jax.random.key(0), jax.numpy.ones((3, 4)))
-  >>> variables['params']['w'].shape
-  (3, 4, 2)
+  Examples:
+    >>> def dense(scope, x):
+    ...   w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1], 2))
+    ...   return x @ w
+    >>> ensemble = vmap(dense, variable_axes={'params': 0}, split_rngs={'params': True})
+    >>> y, variables = lift.init(ensemble)(jax.random.key(0), jnp.ones((3, 4)))
+    >>> variables['params']['w'].shape
+    (3, 4, 2)
   """
   axes = check_variable_axes('vmap', variable_axes, allow_none=True)
   rng_filters, splits = check_split_rngs('vmap', split_rngs)

@@ -44,11 +44,20 @@ def as_scan(module: Any, variables: Any, example_xs: Any, *, method: Any = None,
   returns ``(step, carry)``; with a prompt (same layout, shorter time axis)
   returns ``(step, carry, out_prefill)`` with the step continuing after it.
 
-  >>> step, carry = as_scan(model, variables, jnp.zeros((1, 16), jnp.int32), time_axis=1)
-  >>> carry, logits = step(carry, jnp.zeros((1,), jnp.int32))  # doctest: +SKIP
-
   Not for models that look ahead in time (bidirectional attention, 'SAME'
   convolutions): those raise `lift.ScanConversionError` naming the operation.
+
+  Examples:
+    >>> class Model(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, xs):   # xs: (batch, time, features)
+    ...     return jnp.cumsum(nn.Dense(2)(xs), axis=1)
+    >>> model, xs = Model(), jnp.ones((1, 4, 3))
+    >>> variables = model.init(jax.random.key(0), xs)
+    >>> step, carry = nn.as_scan(model, variables, xs, time_axis=1)
+    >>> carry, y = step(carry, xs[:, 0])   # one frame: (batch, features)
+    >>> bool(jnp.allclose(y, model.apply(variables, xs)[:, 0]))
+    True
   """
   g = _time_first(module, variables, method, time_axis, apply_kwargs)
   example = _time_first_example(example_xs, time_axis)

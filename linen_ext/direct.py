@@ -62,7 +62,18 @@ def cond(pred: Any, true_fun: Callable[..., Any], false_fun: Callable[..., Any],
          mdl: Module, *operands, variables: Filter = True, rngs: Filter = True) -> Any:
   """``true_fun(mdl, *operands)`` if ``pred`` else ``false_fun(mdl, *operands)`` (``lax.cond``).
 
-  >>> y = cond(x.sum() > 0, lambda m, x: m.dense(x), lambda m, x: -m.dense(x), self, x)
+  Both branches are traced; not for a ``pred`` known in Python: use an ``if``.
+
+  Examples:
+    >>> class Signed(nn.Module):
+    ...   def setup(self):
+    ...     self.dense = nn.Dense(2)
+    ...   def __call__(self, x, positive):
+    ...     return nn.cond(positive, lambda m, x: m.dense(x), lambda m, x: -m.dense(x), self, x)
+    >>> model, x = Signed(), jnp.ones((1, 3))
+    >>> variables = model.init(jax.random.key(0), x, True)
+    >>> bool(jnp.all(model.apply(variables, x, True) == -model.apply(variables, x, False)))
+    True
   """
   (true_core, false_core), c = _prepare('cond', (true_fun, false_fun), mdl, operands)
   return lift_cond(pred, true_core, false_core, c.scopes, *c.args, variables=variables,
@@ -73,7 +84,18 @@ def switch(index: Any, branches: Sequence[Callable[..., Any]], mdl: Module, *ope
            variables: Filter = True, rngs: Filter = True) -> Any:
   """``branches[index](mdl, *operands)`` (``lax.switch``).
 
-  >>> y = switch(i, [lambda m, x: m.a(x), lambda m, x: m.b(x)], self, x)
+  Every branch is traced; not for an index known in Python: index the list.
+
+  Examples:
+    >>> class Pick(nn.Module):
+    ...   def setup(self):
+    ...     self.dense = nn.Dense(2)
+    ...   def __call__(self, x, i):
+    ...     return nn.switch(i, [lambda m, x: m.dense(x), lambda m, x: 2 * m.dense(x)], self, x)
+    >>> model, x = Pick(), jnp.ones((1, 3))
+    >>> variables = model.init(jax.random.key(0), x, 0)
+    >>> bool(jnp.all(model.apply(variables, x, 1) == 2 * model.apply(variables, x, 0)))
+    True
   """
   cores, c = _prepare('switch', tuple(branches), mdl, operands)
   return lift_switch(index, cores, c.scopes, *c.args, variables=variables, rngs=rngs)
@@ -85,7 +107,15 @@ def while_loop(cond_fn: Callable[[Any, Any], Any], body_fn: Callable[[Any, Any],
                split_rngs: Mapping[Filter, bool] = {}) -> Any:  # noqa: B006 (Flax's default)
   """``carry = body_fn(mdl, carry)`` while ``cond_fn(mdl, carry)`` (``lax.while_loop``).
 
-  >>> n = while_loop(lambda m, c: c < 10, lambda m, c: c + 1, self, 0)
+  Not for a loop with a known trip count: `scan` also differentiates in reverse mode.
+
+  Examples:
+    >>> class Doubling(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     return nn.while_loop(lambda m, c: c < 100, lambda m, c: 2 * c, self, x)
+    >>> int(Doubling().apply({}, 1))
+    128
   """
   (cond_core, body_core), c = _prepare('while_loop', (cond_fn, body_fn), mdl, (init,))
   return lift_while_loop(cond_core, body_core, c.scopes, c.args[0], carry_variables,
@@ -97,8 +127,20 @@ def vjp(fn: Callable[..., Any], mdl: Module, *primals, has_aux: bool = False,
         rngs: Filter = True, multi_scope: bool = False) -> tuple[Any, ...]:
   """``(y, bwd)`` of ``fn(mdl, *primals)``; ``bwd(dy) -> (variable_grads, *primal_grads)``.
 
-  >>> z, bwd = vjp(lambda m, x: m(x), self.dense, x)
-  >>> params_grad, x_grad = bwd(jnp.ones_like(z))
+  Not for a training step's gradients: ``jax.grad`` of a loss of the
+  variables (around ``apply``) is simpler.
+
+  Examples:
+    >>> class Probe(nn.Module):
+    ...   def setup(self):
+    ...     self.dense = nn.Dense(1, use_bias=False, kernel_init=nn.initializers.ones)
+    ...   def __call__(self, x):
+    ...     y, bwd = nn.vjp(lambda m, x: m(x), self.dense, x)
+    ...     return bwd(jnp.ones_like(y))
+    >>> variables = {'params': {'dense': {'kernel': jnp.ones((2, 1))}}}
+    >>> params_grad, x_grad = Probe().apply(variables, jnp.array([[1.0, 2.0]]))
+    >>> params_grad['params']['kernel'].tolist(), x_grad.tolist()
+    ([[1.0], [2.0]], [[1.0, 1.0]])
   """
   (core,), c = _prepare('vjp', (fn,), mdl, primals)
   scope = c.scopes
@@ -112,7 +154,19 @@ def jvp(fn: Callable[..., Any], mdl: Module, primals: Iterable[Any], tangents: I
         variable_tangents: Any, variables: Filter = True, rngs: Filter = True) -> tuple[Any, Any]:
   """``(y, y_tangent)`` of ``fn(mdl, *primals)``, with ``{collection: tangents}`` for variables.
 
-  >>> y, y_dot = jvp(lambda m, x: m(x), self.dense, (x,), (dx,), {'params': params_dot})
+  Not for the gradient of a scalar: reverse mode (`vjp`, `grad`) takes one pass.
+
+  Examples:
+    >>> class Probe(nn.Module):
+    ...   def setup(self):
+    ...     self.dense = nn.Dense(1, use_bias=False, kernel_init=nn.initializers.ones)
+    ...   def __call__(self, x):
+    ...     kernel_dot = {'params': {'kernel': jnp.ones((2, 1))}}
+    ...     return nn.jvp(lambda m, x: m(x), self.dense, (x,), (jnp.zeros_like(x),), kernel_dot)
+    >>> variables = {'params': {'dense': {'kernel': jnp.ones((2, 1))}}}
+    >>> y, y_dot = Probe().apply(variables, jnp.array([[1.0, 2.0]]))
+    >>> y.tolist(), y_dot.tolist()
+    ([[3.0]], [[3.0]])
   """
   (core,), c = _prepare('jvp', (fn,), mdl, tuple(primals))
   (core,), scope = _single('jvp', [core], c)
@@ -125,7 +179,17 @@ def value_and_grad(fn: Callable[..., Any], mdl: Module, *primals, has_aux: bool 
                    rngs: Filter = True) -> tuple[Any, Any]:
   """``(y, grads)`` (``((y, aux), grads)`` with ``has_aux``), grads with respect to the primals.
 
-  >>> loss, (x_grad,) = value_and_grad(lambda m, x: m(x).sum(), self.dense, x)
+  Variables get no gradient; not for gradients of the weights: use `vjp`.
+
+  Examples:
+    >>> class Probe(nn.Module):
+    ...   def setup(self):
+    ...     self.dense = nn.Dense(1, use_bias=False, kernel_init=nn.initializers.ones)
+    ...   def __call__(self, x):
+    ...     return nn.value_and_grad(lambda m, x: m(x).sum(), self.dense, x)
+    >>> (y, (x_grad,)), _ = Probe().init_with_output(jax.random.key(0), jnp.array([[1.0, 2.0]]))
+    >>> float(y), x_grad.tolist()
+    (3.0, [[1.0, 1.0]])
   """
   (core,), c = _prepare('value_and_grad', (fn,), mdl, primals)
   out = lift_value_and_grad(core, c.scopes, *c.args, has_aux=has_aux, reduce_axes=reduce_axes,
@@ -140,7 +204,17 @@ def grad(fn: Callable[..., Any], mdl: Module, *primals, has_aux: bool = False,
          reduce_axes: tuple = (), variables: Filter = True, rngs: Filter = True) -> Any:
   """The gradients of scalar ``fn(mdl, *primals)`` with respect to the primals.
 
-  >>> (x_grad,) = grad(lambda m, x: m(x).sum(), self.dense, x)
+  Variables get no gradient; not for gradients of the weights: use `vjp`.
+
+  Examples:
+    >>> class Probe(nn.Module):
+    ...   def setup(self):
+    ...     self.dense = nn.Dense(1, use_bias=False, kernel_init=nn.initializers.ones)
+    ...   def __call__(self, x):
+    ...     return nn.grad(lambda m, x: m(x).sum(), self.dense, x)
+    >>> (x_grad,), _ = Probe().init_with_output(jax.random.key(0), jnp.array([[1.0, 2.0]]))
+    >>> x_grad.tolist()
+    [[1.0, 1.0]]
   """
   value, grads = value_and_grad(fn, mdl, *primals, has_aux=has_aux, reduce_axes=reduce_axes,
                                  variables=variables, rngs=rngs)
@@ -176,14 +250,26 @@ def custom_vjp(fn: Callable[..., Any], forward_fn: Callable[..., Any],
   """``f(mdl, *args)`` running ``fn`` with a hand-written backward rule (``mdl`` is argument 0).
 
   ``forward_fn(mdl, *args) -> (y, residuals)``; ``backward_fn(*nondiff_args,
-  residuals, dy) -> (variable_grads, *input_grads)``.
+  residuals, dy) -> (variable_grads, *input_grads)``. Not for changing only
+  what is saved for the backward pass: `checkpoint` with a policy does that.
 
-  >>> def fwd(mdl, x):
-  ...   return vjp(lambda m, x: m(x), mdl, x)
-  >>> def bwd(vjp_fn, dy):
-  ...   params_t, *inputs_t = vjp_fn(dy)
-  ...   return (jax.tree_util.tree_map(jnp.sign, params_t), *inputs_t)
-  >>> sign_grad = custom_vjp(lambda m, x: m(x), fwd, bwd)
+  Examples:
+    >>> def fwd(mdl, x):
+    ...   return nn.vjp(lambda m, x: m(x), mdl, x)
+    >>> def bwd(vjp_fn, dy):
+    ...   params_t, *inputs_t = vjp_fn(dy)
+    ...   return (jax.tree.map(jnp.sign, params_t), *inputs_t)
+    >>> sign_grad = nn.custom_vjp(lambda m, x: m(x), fwd, bwd)
+    >>> class Model(nn.Module):
+    ...   def setup(self):
+    ...     self.dense = nn.Dense(1, use_bias=False)
+    ...   def __call__(self, x):
+    ...     return sign_grad(self.dense, x)
+    >>> x = jnp.array([[-2.0, 3.0]])
+    >>> variables = Model().init(jax.random.key(0), x)
+    >>> grads = jax.grad(lambda v: Model().apply(v, x).sum())(variables)
+    >>> grads['params']['dense']['kernel'].tolist()
+    [[-1.0], [1.0]]
   """
   lifted_for = _CustomVjp(forward_fn, backward_fn, grad_vars, nondiff_argnums)
 

@@ -31,8 +31,15 @@ CaptureFilter = bool | Callable[[Any, str], bool]
 def capture_call_intermediates(module: Any, method_name: str) -> bool:
   """The default ``capture_intermediates`` filter: outputs of ``__call__``.
 
-  >>> capture_call_intermediates(Dense(2), '__call__')
-  True
+  ``capture_intermediates=True`` means this filter; not for capturing other
+  methods' outputs: pass your own ``filter(module, method_name) -> bool``.
+
+  Examples:
+    >>> dense, x = nn.Dense(2), jnp.ones((1, 3))
+    >>> y, state = dense.apply(dense.init(jax.random.key(0), x), x,
+    ...                        capture_intermediates=True, mutable='intermediates')
+    >>> jax.tree.map(jnp.shape, state)
+    {'intermediates': {'__call__': ((1, 2),)}}
   """
   del module
   return method_name == '__call__'
@@ -115,10 +122,21 @@ def _capture_filter(capture: CaptureFilter, mutable: Filter) -> tuple[CaptureFil
 
 def apply(fn: Callable[..., Any], module: Any, mutable: Filter = False,
           capture_intermediates: CaptureFilter = False) -> Callable[..., Any]:
-  """``fn(bound_module, *args)`` as ``(variables, *args, rngs=None, **kwargs) -> y``
-  (``(y, mutated)`` if ``mutable``), like ``flax.linen.apply``.
+  """``fn(bound_module, *args)`` as ``(variables, *args, rngs=None, **kwargs) -> y``.
 
-  >>> y = apply(lambda m, x: m.decode(m.encode(x)), AutoEncoder())(variables, x)
+  Returns ``(y, mutated)`` if ``mutable``, like ``flax.linen.apply``. Not
+  needed to run one method: ``module.apply(variables, x, method=...)`` does.
+
+  Examples:
+    >>> class AutoEncoder(nn.Module):
+    ...   def setup(self):
+    ...     self.encoder, self.decoder = nn.Dense(2), nn.Dense(3)
+    ...   def __call__(self, x):
+    ...     return self.decoder(self.encoder(x))
+    >>> x = jnp.ones((1, 3))
+    >>> variables = AutoEncoder().init(jax.random.key(0), x)
+    >>> nn.apply(lambda m, x: m.encoder(x), AutoEncoder())(variables, x).shape
+    (1, 2)
   """
   capture, mutable = _capture_filter(capture_intermediates, mutable)
   return lift.apply(_scope_fn(module, fn, capture), mutable=mutable)
@@ -127,10 +145,21 @@ def apply(fn: Callable[..., Any], module: Any, mutable: Filter = False,
 def init_with_output(fn: Callable[..., Any], module: Any,
                      mutable: Filter = DenyList('intermediates'),
                      capture_intermediates: CaptureFilter = False) -> Callable[..., Any]:
-  """``fn(bound_module, *args)`` as ``(rngs, *args, **kwargs) -> (y, variables)``,
-  like ``flax.linen.init_with_output``.
+  """``fn(bound_module, *args)`` as ``(rngs, *args, **kwargs) -> (y, variables)``.
 
-  >>> y, variables = init_with_output(lambda m, x: m.encode(x), AutoEncoder())(key, x)
+  Like ``flax.linen.init_with_output``. Not needed to initialise through one
+  method: ``module.init_with_output(key, x, method=...)`` does.
+
+  Examples:
+    >>> class AutoEncoder(nn.Module):
+    ...   def setup(self):
+    ...     self.encoder, self.decoder = nn.Dense(2), nn.Dense(3)
+    ...   def __call__(self, x):
+    ...     return self.decoder(self.encoder(x))
+    >>> init_fn = nn.init_with_output(lambda m, x: m.encoder(x), AutoEncoder())
+    >>> z, variables = init_fn(jax.random.key(0), jnp.ones((1, 3)))
+    >>> z.shape, list(variables['params'])
+    ((1, 2), ['encoder'])
   """
   capture, mutable = _capture_filter(capture_intermediates, mutable)
   return lift.init(_scope_fn(module, fn, capture), mutable=mutable)
@@ -138,10 +167,21 @@ def init_with_output(fn: Callable[..., Any], module: Any,
 
 def init(fn: Callable[..., Any], module: Any, mutable: Filter = DenyList('intermediates'),
          capture_intermediates: CaptureFilter = False) -> Callable[..., dict[str, Any]]:
-  """``fn(bound_module, *args)`` as ``(rngs, *args, **kwargs) -> variables``,
-  like ``flax.linen.init``.
+  """``fn(bound_module, *args)`` as ``(rngs, *args, **kwargs) -> variables``.
 
-  >>> variables = init(lambda m, x: m.encode(x), AutoEncoder())(key, x)
+  Like ``flax.linen.init``. Not needed to initialise through one method:
+  ``module.init(key, x, method=...)`` does.
+
+  Examples:
+    >>> class AutoEncoder(nn.Module):
+    ...   def setup(self):
+    ...     self.encoder, self.decoder = nn.Dense(2), nn.Dense(3)
+    ...   def __call__(self, x):
+    ...     return self.decoder(self.encoder(x))
+    >>> variables = nn.init(lambda m, x: m.encoder(x), AutoEncoder())(
+    ...     jax.random.key(0), jnp.ones((1, 3)))
+    >>> list(variables['params'])   # only what fn reached
+    ['encoder']
   """
   init_fn = init_with_output(fn, module, mutable, capture_intermediates)
 
@@ -196,7 +236,10 @@ class EntryMixin:
                        **kwargs) -> tuple[Any, dict[str, Any]]:
     """Runs ``method`` (default ``__call__``) creating variables; returns ``(y, variables)``.
 
-    >>> y, variables = Dense(2).init_with_output(jax.random.key(0), jnp.ones((1, 3)))
+    Examples:
+      >>> y, variables = nn.Dense(2).init_with_output(jax.random.key(0), jnp.ones((1, 3)))
+      >>> y.shape
+      (1, 2)
     """
     _check_instance(self, 'init_with_output')
     _check_rngs(self, rngs)
@@ -208,7 +251,10 @@ class EntryMixin:
            capture_intermediates: CaptureFilter = False, **kwargs) -> dict[str, Any]:
     """Creates the variables of the module; a single key means ``{'params': key}``.
 
-    >>> variables = Dense(2).init(jax.random.key(0), jnp.ones((1, 3)))
+    Examples:
+      >>> variables = nn.Dense(2).init(jax.random.key(0), jnp.ones((1, 3)))
+      >>> jax.tree.map(jnp.shape, variables)
+      {'params': {'bias': (2,), 'kernel': (3, 2)}}
     """
     _check_instance(self, 'init')
     _, variables = self.init_with_output(
@@ -221,7 +267,10 @@ class EntryMixin:
     """``init`` without computing on the inputs: pass ``jax.ShapeDtypeStruct`` for
     inputs whose values the variables do not depend on (others concretely).
 
-    >>> variables = Dense(2).lazy_init(key, jax.ShapeDtypeStruct((1, 3), jnp.float32))
+    Examples:
+      >>> x = jax.ShapeDtypeStruct((1, 3), jnp.float32)
+      >>> nn.Dense(2).lazy_init(jax.random.key(0), x)['params']['kernel'].shape
+      (3, 2)
     """
     _check_instance(self, 'lazy_init')
     def init_variables(*args, **kwargs):
@@ -234,7 +283,10 @@ class EntryMixin:
             capture_intermediates: CaptureFilter = False, **kwargs) -> Any:
     """Runs ``method`` with ``variables``; returns ``y``, or ``(y, mutated)`` if ``mutable``.
 
-    >>> y = Dense(2).apply(variables, jnp.ones((1, 3)))
+    Examples:
+      >>> variables = {'params': {'kernel': jnp.ones((3, 2)), 'bias': jnp.zeros(2)}}
+      >>> nn.Dense(2).apply(variables, jnp.ones((1, 3)))
+      Array([[3., 3.]], dtype=float32)
     """
     _check_instance(self, 'apply')
     _check_rngs(self, rngs)
@@ -245,8 +297,10 @@ class EntryMixin:
            mutable: Filter = False):
     """An interactive copy bound to ``variables``: its methods and setup attributes work.
 
-    >>> dense = Dense(2).bind(variables)
-    >>> y = dense(jnp.ones((1, 3)))
+    Examples:
+      >>> dense = nn.Dense(2).bind({'params': {'kernel': jnp.ones((3, 2)), 'bias': jnp.zeros(2)}})
+      >>> dense(jnp.ones((1, 3)))
+      Array([[3., 3.]], dtype=float32)
     """
     _check_instance(self, 'bind')
     del args
@@ -256,7 +310,11 @@ class EntryMixin:
   def unbind(self) -> tuple[Any, dict[str, Any]]:
     """The inverse of ``bind``: ``(detached module, its variables)``.
 
-    >>> module, variables = Dense(2).bind(variables).unbind()
+    Examples:
+      >>> variables = {'params': {'kernel': jnp.ones((3, 2)), 'bias': jnp.zeros(2)}}
+      >>> module, variables = nn.Dense(2).bind(variables).unbind()
+      >>> module.scope is None, jax.tree.map(jnp.shape, variables)
+      (True, {'params': {'bias': (2,), 'kernel': (3, 2)}})
     """
     if self.scope is None:
       raise errors.UnboundModuleError(type(self).__name__, 'Calling unbind()')
@@ -269,7 +327,10 @@ class EntryMixin:
     Options: ``depth``, ``show_repeated``, ``mutable``, ``console_kwargs``,
     ``table_kwargs``, ``column_kwargs``; nothing runs (``jax.eval_shape``).
 
-    >>> print(Model().tabulate(jax.random.key(0), x, depth=1))
+    Examples:
+      >>> table = nn.Dense(2).tabulate(jax.random.key(0), jnp.ones((1, 3)), depth=1)
+      >>> 'Total Parameters: 8' in table   # print(table) to read it
+      True
     """
     from linen_ext.summary import module_table  # summary runs init: import it when used
     return module_table(self, rngs, *args, **kwargs)
@@ -277,8 +338,14 @@ class EntryMixin:
   def module_paths(self, rngs: Any, *args, **kwargs) -> dict[str, Any]:
     """``{path: unbound module}`` of the modules ``init`` calls (``''`` is this one), as Flax's.
 
-    >>> Model().module_paths(jax.random.key(0), x)['Dense_0'].features
-    4
+    Examples:
+      >>> class Mlp(nn.Module):
+      ...   @nn.compact
+      ...   def __call__(self, x):
+      ...     return nn.Dense(1)(nn.Dense(4)(x))
+      >>> paths = Mlp().module_paths(jax.random.key(0), jnp.ones((1, 3)))
+      >>> sorted(paths), paths['Dense_1'].features
+      (['', 'Dense_0', 'Dense_1'], 4)
     """
     from linen_ext.summary import module_paths
     return module_paths(self, rngs, *args, **kwargs)

@@ -392,7 +392,14 @@ class FlaxModule(Module):
   Its automatic name is the flax class's (``Dense_0``); other methods of the
   flax module are reachable as attributes (``from_flax(nn.Embed(...)).attend``).
   ``siblings`` wrap the flax submodules that its fields hold, where flax binds
-  them: beside it, when it was made in a ``compact`` method.
+  them: beside it, when it was made in a ``compact`` method. Not constructed
+  directly: `from_flax` makes one.
+
+  Examples:
+    >>> import flax.linen
+    >>> wrapped = nn.from_flax(flax.linen.Dense(2))
+    >>> type(wrapped).__name__, wrapped.autoname_prefix()
+    ('FlaxModule', 'Dense')
   """
   module: flax_nn.Module
   siblings: tuple['FlaxModule', ...] = ()
@@ -415,7 +422,13 @@ class FlaxModule(Module):
   def call_method(self, method: str, *args, **kwargs):
     """Runs another method of the flax module.
 
-    >>> logits = from_flax(flax.linen.Embed(10, 4)).call_method('attend', query)
+    Examples:
+      >>> import flax.linen
+      >>> embed = nn.from_flax(flax.linen.Embed(5, 3))
+      >>> variables = embed.init(jax.random.key(0), jnp.array([[0, 4]]))
+      >>> attend = lambda m, q: m.call_method('attend', q)
+      >>> embed.apply(variables, jnp.ones((1, 3)), method=attend).shape
+      (1, 5)
     """
     scope = self._bound_scope(f'Calling flax `{type(self.module).__name__}.{method}`')
     return run_flax(scope, self.module, method, args, kwargs, self.siblings)
@@ -428,12 +441,17 @@ def from_flax(module: flax_nn.Module, *, name: str | None = None) -> FlaxModule:
   a native flax model at the same path. Flax modules held by its fields (an
   ``RNN``'s cell, ``Sequential``'s layers) sit where flax puts them: beside it
   (``LSTMCell_0``, ``RNN_0``) in a ``compact`` method, under it (``rnn/cell``)
-  in ``setup``.
+  in ``setup``. Not needed for the ready-made layers (`nn.Dense`,
+  `nn.LSTMCell`, ...): they take flax's arguments natively.
 
-  >>> class Model(Module):
-  ...   @compact
-  ...   def __call__(self, x):
-  ...     return from_flax(flax.linen.Dense(3))(x)   # params at 'Dense_0'
+  Examples:
+    >>> import flax.linen
+    >>> class Model(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     return nn.from_flax(flax.linen.Dense(3))(x)
+    >>> list(Model().init(jax.random.key(0), jnp.ones((1, 2)))['params'])   # flax's name
+    ['Dense_0']
   """
   if not isinstance(module, flax_nn.Module):
     raise errors.FlaxAdapterError(module)

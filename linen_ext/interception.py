@@ -24,7 +24,18 @@ class InterceptorContext:
   """What an interceptor is told about the call.
 
   ``orig_method`` is the method bound to ``module``: calling it skips the
-  interceptors that follow.
+  interceptors that follow. Not constructed by user code: each interceptor
+  receives one.
+
+  Examples:
+    >>> def double_dense(next_fun, args, kwargs, context):
+    ...   y = next_fun(*args, **kwargs)
+    ...   return 2 * y if isinstance(context.module, nn.Dense) else y
+    >>> variables = {'params': {'kernel': jnp.ones((3, 1)), 'bias': jnp.zeros(1)}}
+    >>> with nn.intercept_methods(double_dense):
+    ...   y = nn.Dense(1).apply(variables, jnp.ones((1, 3)))
+    >>> y
+    Array([[6.]], dtype=float32)
   """
   module: Any
   method_name: str
@@ -35,11 +46,22 @@ class InterceptorContext:
 def intercept_methods(interceptor: Interceptor) -> Iterator[None]:
   """Runs every module method called inside the block through ``interceptor``.
 
-  >>> def log_calls(next_fun, args, kwargs, context):
-  ...   print(type(context.module).__name__, context.method_name)
-  ...   return next_fun(*args, **kwargs)
-  >>> with intercept_methods(log_calls):
-  ...   y = model.apply(variables, x)   # prints each module call
+  Not for changing one module class for good: subclass or wrap it.
+
+  Examples:
+    >>> def log_calls(next_fun, args, kwargs, context):
+    ...   print(type(context.module).__name__, context.method_name)
+    ...   return next_fun(*args, **kwargs)
+    >>> class Mlp(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     return nn.Dense(1)(nn.relu(nn.Dense(2)(x)))
+    >>> variables = Mlp().init(jax.random.key(0), jnp.ones((1, 3)))
+    >>> with nn.intercept_methods(log_calls):
+    ...   y = Mlp().apply(variables, jnp.ones((1, 3)))
+    Mlp __call__
+    Dense __call__
+    Dense __call__
   """
   context.interceptors.append(interceptor)
   try:

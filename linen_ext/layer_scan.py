@@ -261,8 +261,9 @@ def scan_layers(layers: Sequence[Module], x: Any, *args, remat: Any = False, **k
     layers: the bound submodules, all of one class with equal fields and
       variables of equal names, shapes and dtypes.
     x: the carry; each layer returns the next one (same shapes).
-    *args, **kwargs: go whole to every layer, except `per_layer` values
-      (row i to layer i).
+    *args (Any): go whole to every layer, except `per_layer` values (row i
+      to layer i).
+    **kwargs (Any): as ``*args``.
     remat: checkpoint policy of each layer, as `lift.loops.run_scan`.
 
   A module shared by the layers (a field of each, bound outside them) is
@@ -276,11 +277,20 @@ def scan_layers(layers: Sequence[Module], x: Any, *args, remat: Any = False, **k
 
   Not for layers that differ: keep the Python loop or use `BlockSeq`.
 
-  >>> class Model(nn.Module):
-  ...   def setup(self):
-  ...     self.layers = [Block() for _ in range(24)]
-  ...   def __call__(self, x):
-  ...     return nn.scan_layers(self.layers, x, remat=True)
+  Examples:
+    >>> class Block(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     return x + jnp.tanh(nn.Dense(3)(x))
+    >>> class Model(nn.Module):
+    ...   def setup(self):
+    ...     self.layers = [Block() for _ in range(3)]
+    ...   def __call__(self, x):
+    ...     return nn.scan_layers(self.layers, x, remat=True)
+    >>> model, x = Model(), jnp.ones((2, 3))
+    >>> variables = model.init(jax.random.key(0), x)
+    >>> list(variables['params']), model.apply(variables, x).shape
+    (['layers_0', 'layers_1', 'layers_2'], (2, 3))
   """
   layers = _check_layers(layers)
   check_remat(remat, len(layers))

@@ -44,8 +44,13 @@ def _as_flax(value: Any) -> Any:
 class FlaxLayer(Module):
   """Base of the ready-made layers: ``flax_class`` gives the fields and does the work.
 
-  >>> class Dense(FlaxLayer):
-  ...   flax_class = flax.linen.Dense
+  Not needed to use a flax module once: `from_flax` wraps any instance.
+
+  Examples:
+    >>> class MyDense(FlaxLayer):
+    ...   flax_class = flax_nn.Dense
+    >>> jax.tree.map(jnp.shape, MyDense(2).init(jax.random.key(0), jnp.ones((1, 3))))
+    {'params': {'bias': (2,), 'kernel': (3, 2)}}
   """
   flax_class: ClassVar[type]
 
@@ -58,8 +63,9 @@ class FlaxLayer(Module):
   def to_flax(self) -> flax_nn.Module:
     """The equivalent detached `flax.linen` module.
 
-    >>> Dense(3).to_flax()
-    Dense(...)
+    Examples:
+      >>> Dense(3).to_flax()
+      Dense(...)
     """
     fields = {f.name: _as_flax(getattr(self, f.name)) for f in dataclasses.fields(self)
               if f.init and f.name not in ('parent', 'name')}
@@ -84,7 +90,11 @@ class FlaxLayer(Module):
 class Dense(FlaxLayer):
   """`flax.linen.Dense`: ``y = x @ kernel + bias``.
 
-  >>> Dense(3).init(key, jnp.ones((2, 4)))  # params: kernel (4, 3), bias (3,)
+  Not for contracting several axes or producing several: use `DenseGeneral`.
+
+  Examples:
+    >>> jax.tree.map(jnp.shape, Dense(3).init(jax.random.key(0), jnp.ones((2, 4))))
+    {'params': {'bias': (3,), 'kernel': (4, 3)}}
   """
   flax_class = flax_nn.Dense
 
@@ -92,7 +102,11 @@ class Dense(FlaxLayer):
 class DenseGeneral(FlaxLayer):
   """`flax.linen.DenseGeneral`: a dense layer over several axes.
 
-  >>> DenseGeneral((2, 3), axis=-1).init(key, jnp.ones((5, 4)))  # kernel (4, 2, 3)
+  Not needed for one input and one output axis: `Dense` is that layer.
+
+  Examples:
+    >>> jax.tree.map(jnp.shape, DenseGeneral((2, 3)).init(jax.random.key(0), jnp.ones((5, 4))))
+    {'params': {'bias': (2, 3), 'kernel': (4, 2, 3)}}
   """
   flax_class = flax_nn.DenseGeneral
 
@@ -100,13 +114,27 @@ class DenseGeneral(FlaxLayer):
 class Conv(FlaxLayer):
   """`flax.linen.Conv` (padding 'SAME', 'VALID', 'CIRCULAR', 'CAUSAL', ...).
 
-  >>> Conv(8, kernel_size=(3,), padding='CAUSAL').init(key, jnp.ones((2, 16, 4)))
+  Not for unshared weights per position (`ConvLocal`) or upsampling (`ConvTranspose`).
+
+  Examples:
+    >>> conv = Conv(2, kernel_size=(3,), padding='CAUSAL')
+    >>> y, variables = conv.init_with_output(jax.random.key(0), jnp.ones((1, 5, 4)))
+    >>> y.shape, variables['params']['kernel'].shape
+    ((1, 5, 2), (3, 4, 2))
   """
   flax_class = flax_nn.Conv
 
 
 class Embed(FlaxLayer):
-  """`flax.linen.Embed`; ``attend(query)`` is the transposed lookup."""
+  """`flax.linen.Embed`; ``attend(query)`` is the transposed lookup.
+
+  Not for continuous inputs: an embedding looks rows up by integer id; use `Dense`.
+
+  Examples:
+    >>> variables = Embed(5, 3).init(jax.random.key(0), jnp.array([[0, 4]]))   # ids 0 and 4
+    >>> Embed(5, 3).apply(variables, jnp.ones((1, 3)), method='attend').shape   # logits
+    (1, 5)
+  """
   flax_class = flax_nn.Embed
 
   def attend(self, query):
@@ -117,7 +145,11 @@ class Embed(FlaxLayer):
 class LayerNorm(FlaxLayer):
   """`flax.linen.LayerNorm`.
 
-  >>> LayerNorm().init(key, jnp.ones((2, 4)))  # params: scale, bias
+  Not for normalising with statistics over the batch: use `BatchNorm`.
+
+  Examples:
+    >>> jax.tree.map(jnp.shape, LayerNorm().init(jax.random.key(0), jnp.ones((2, 4))))
+    {'params': {'bias': (4,), 'scale': (4,)}}
   """
   flax_class = flax_nn.LayerNorm
 
@@ -125,7 +157,11 @@ class LayerNorm(FlaxLayer):
 class RMSNorm(FlaxLayer):
   """`flax.linen.RMSNorm`.
 
-  >>> RMSNorm().init(key, jnp.ones((2, 4)))  # params: scale
+  Not when the mean should be subtracted too: use `LayerNorm`.
+
+  Examples:
+    >>> jax.tree.map(jnp.shape, RMSNorm().init(jax.random.key(0), jnp.ones((2, 4))))
+    {'params': {'scale': (4,)}}
   """
   flax_class = flax_nn.RMSNorm
 
@@ -133,8 +169,13 @@ class RMSNorm(FlaxLayer):
 class BatchNorm(FlaxLayer):
   """`flax.linen.BatchNorm`; running statistics live in 'batch_stats'.
 
-  >>> y, updates = BatchNorm(use_running_average=False).apply(
-  ...     variables, x, mutable=['batch_stats'])
+  Not for small batches, whose statistics are noisy: use `LayerNorm` or `GroupNorm`.
+
+  Examples:
+    >>> bn, x = BatchNorm(use_running_average=False), jnp.ones((2, 3))
+    >>> y, updates = bn.apply(bn.init(jax.random.key(0), x), x, mutable=['batch_stats'])
+    >>> jax.tree.map(jnp.shape, updates)
+    {'batch_stats': {'mean': (3,), 'var': (3,)}}
   """
   flax_class = flax_nn.BatchNorm
 
@@ -142,7 +183,11 @@ class BatchNorm(FlaxLayer):
 class GroupNorm(FlaxLayer):
   """`flax.linen.GroupNorm`: normalizes over groups of channels (``num_groups`` or ``group_size``).
 
-  >>> GroupNorm(num_groups=2).init(key, jnp.ones((2, 5, 4)))
+  Not needed with one channel per group: that is `InstanceNorm`.
+
+  Examples:
+    >>> jax.tree.map(jnp.shape, GroupNorm(2).init(jax.random.key(0), jnp.ones((2, 5, 4))))
+    {'params': {'bias': (4,), 'scale': (4,)}}
   """
   flax_class = flax_nn.GroupNorm
 
@@ -150,7 +195,11 @@ class GroupNorm(FlaxLayer):
 class InstanceNorm(FlaxLayer):
   """`flax.linen.InstanceNorm`: normalizes each example's features over the other axes.
 
-  >>> InstanceNorm().init(key, jnp.ones((2, 5, 4)))
+  Not for inputs with no axis between batch and features: use `LayerNorm`.
+
+  Examples:
+    >>> jax.tree.map(jnp.shape, InstanceNorm().init(jax.random.key(0), jnp.ones((2, 5, 4))))
+    {'params': {'bias': (4,), 'scale': (4,)}}
   """
   flax_class = flax_nn.InstanceNorm
 
@@ -158,7 +207,12 @@ class InstanceNorm(FlaxLayer):
 class ConvTranspose(FlaxLayer):
   """`flax.linen.ConvTranspose`: the transposed (fractionally strided) convolution.
 
-  >>> ConvTranspose(4, kernel_size=(3,), strides=(2,)).init(key, jnp.ones((1, 8, 2)))
+  Not for downsampling: use `Conv` with ``strides``.
+
+  Examples:
+    >>> conv = ConvTranspose(4, kernel_size=(3,), strides=(2,))
+    >>> conv.init_with_output(jax.random.key(0), jnp.ones((1, 8, 2)))[0].shape
+    (1, 16, 4)
   """
   flax_class = flax_nn.ConvTranspose
 
@@ -166,7 +220,12 @@ class ConvTranspose(FlaxLayer):
 class ConvLocal(FlaxLayer):
   """`flax.linen.ConvLocal`: a convolution with unshared weights per output position.
 
-  >>> ConvLocal(4, kernel_size=(3,)).init(key, jnp.ones((1, 8, 2)))
+  Not when weights should be shared across positions: `Conv` has far fewer.
+
+  Examples:
+    >>> variables = ConvLocal(4, kernel_size=(3,)).init(jax.random.key(0), jnp.ones((1, 8, 2)))
+    >>> variables['params']['kernel'].shape   # (positions, window * in, out)
+    (8, 6, 4)
   """
   flax_class = flax_nn.ConvLocal
 
@@ -174,7 +233,12 @@ class ConvLocal(FlaxLayer):
 class Einsum(FlaxLayer):
   """`flax.linen.Einsum`: ``einsum(einsum_str, x, kernel) + bias`` with a kernel of ``shape``.
 
-  >>> Einsum((4, 3), 'nk,kd->nd').init(key, jnp.ones((2, 4)))
+  Not needed for a matmul over the last axis: `Dense` says it shorter.
+
+  Examples:
+    >>> variables = Einsum((4, 3), 'nk,kd->nd').init(jax.random.key(0), jnp.ones((2, 4)))
+    >>> jax.tree.map(jnp.shape, variables)
+    {'params': {'bias': (3,), 'kernel': (4, 3)}}
   """
   flax_class = flax_nn.Einsum
 
@@ -182,7 +246,11 @@ class Einsum(FlaxLayer):
 class PReLU(FlaxLayer):
   """`flax.linen.PReLU`: leaky ReLU with a learned negative slope.
 
-  >>> PReLU().init(key, jnp.ones((2, 4)))  # params: negative_slope
+  Not needed for a fixed slope: use `nn.leaky_relu`.
+
+  Examples:
+    >>> PReLU().init(jax.random.key(0), jnp.ones((2, 4)))
+    {'params': {'negative_slope': Array(0.01, dtype=float32)}}
   """
   flax_class = flax_nn.PReLU
 
@@ -193,7 +261,8 @@ class _RecurrentCell(FlaxLayer):
   def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]):
     """The initial carry for inputs of ``input_shape`` (as the flax cell).
 
-    >>> carry = LSTMCell(4).initialize_carry(jax.random.key(0), (2, 3))
+    Examples:
+      >>> carry = LSTMCell(4).initialize_carry(jax.random.key(0), (2, 3))
     """
     return self.to_flax().initialize_carry(rng, input_shape)
 
@@ -206,7 +275,13 @@ class _RecurrentCell(FlaxLayer):
 class LSTMCell(_RecurrentCell):
   """`flax.linen.LSTMCell`: ``(carry, x) -> (carry, y)``.
 
-  >>> cell = LSTMCell(8); carry = cell.initialize_carry(key, (2, 4))
+  It computes one step; not for a whole sequence by hand: wrap it in `nn.RNN`.
+
+  Examples:
+    >>> carry = LSTMCell(3).initialize_carry(jax.random.key(0), (2, 4))   # (batch, features)
+    >>> (carry, y), _ = LSTMCell(3).init_with_output(jax.random.key(1), carry, jnp.ones((2, 4)))
+    >>> y.shape
+    (2, 3)
   """
   flax_class = flax_nn.LSTMCell
 
@@ -214,7 +289,13 @@ class LSTMCell(_RecurrentCell):
 class GRUCell(_RecurrentCell):
   """`flax.linen.GRUCell`: ``(carry, x) -> (carry, y)``.
 
-  >>> cell = GRUCell(8); carry = cell.initialize_carry(key, (2, 4))
+  It computes one step; not for a whole sequence by hand: wrap it in `nn.RNN`.
+
+  Examples:
+    >>> carry = GRUCell(3).initialize_carry(jax.random.key(0), (2, 4))   # (batch, features)
+    >>> (carry, y), _ = GRUCell(3).init_with_output(jax.random.key(1), carry, jnp.ones((2, 4)))
+    >>> y.shape
+    (2, 3)
   """
   flax_class = flax_nn.GRUCell
 
@@ -222,7 +303,12 @@ class GRUCell(_RecurrentCell):
 class OptimizedLSTMCell(_RecurrentCell):
   """`flax.linen.OptimizedLSTMCell`: `LSTMCell`'s parameters, fused matmuls.
 
-  >>> RNN(OptimizedLSTMCell(8)).init(key, jnp.ones((2, 5, 4)))
+  It computes one step; not for a whole sequence by hand: wrap it in `nn.RNN`.
+
+  Examples:
+    >>> y, _ = nn.RNN(OptimizedLSTMCell(3)).init_with_output(jax.random.key(0), jnp.ones((2, 5, 4)))
+    >>> y.shape   # (batch, time, features)
+    (2, 5, 3)
   """
   flax_class = flax_nn.OptimizedLSTMCell
 
@@ -230,7 +316,12 @@ class OptimizedLSTMCell(_RecurrentCell):
 class SimpleCell(_RecurrentCell):
   """`flax.linen.SimpleCell`: the Elman cell ``h = act(W x + U h + b)``.
 
-  >>> RNN(SimpleCell(8)).init(key, jnp.ones((2, 5, 4)))
+  It computes one step; not for a whole sequence by hand: wrap it in `nn.RNN`.
+
+  Examples:
+    >>> y, _ = nn.RNN(SimpleCell(3)).init_with_output(jax.random.key(0), jnp.ones((2, 5, 4)))
+    >>> y.shape   # (batch, time, features)
+    (2, 5, 3)
   """
   flax_class = flax_nn.SimpleCell
 
@@ -238,7 +329,12 @@ class SimpleCell(_RecurrentCell):
 class MGUCell(_RecurrentCell):
   """`flax.linen.MGUCell`: the minimal gated unit.
 
-  >>> RNN(MGUCell(8)).init(key, jnp.ones((2, 5, 4)))
+  It computes one step; not for a whole sequence by hand: wrap it in `nn.RNN`.
+
+  Examples:
+    >>> y, _ = nn.RNN(MGUCell(3)).init_with_output(jax.random.key(0), jnp.ones((2, 5, 4)))
+    >>> y.shape   # (batch, time, features)
+    (2, 5, 3)
   """
   flax_class = flax_nn.MGUCell
 
@@ -246,7 +342,13 @@ class MGUCell(_RecurrentCell):
 class ConvLSTMCell(_RecurrentCell):
   """`flax.linen.ConvLSTMCell`: an LSTM cell whose matmuls are convolutions.
 
-  >>> RNN(ConvLSTMCell(8, kernel_size=(3, 3))).init(key, jnp.ones((2, 5, 16, 16, 3)))
+  It computes one step; not for a whole sequence by hand: wrap it in `nn.RNN`.
+
+  Examples:
+    >>> cell, x = ConvLSTMCell(2, kernel_size=(3,)), jnp.ones((1, 5, 3))   # (batch, width, chan)
+    >>> carry = cell.initialize_carry(jax.random.key(0), x.shape)
+    >>> jax.eval_shape(cell.init_with_output, jax.random.key(1), carry, x)[0][1].shape   # y
+    (1, 5, 2)
   """
   flax_class = flax_nn.ConvLSTMCell
 
@@ -254,7 +356,13 @@ class ConvLSTMCell(_RecurrentCell):
 class MultiHeadDotProductAttention(FlaxLayer):
   """`flax.linen.MultiHeadDotProductAttention` (decode cache in 'cache').
 
-  >>> MultiHeadDotProductAttention(num_heads=2).init(key, q, k, v)
+  Not for models decoded with `nn.as_scan`: use `nn.causal_self_attention` there.
+
+  Examples:
+    >>> attention = MultiHeadDotProductAttention(num_heads=2, qkv_features=4)
+    >>> y, variables = attention.init_with_output(jax.random.key(0), jnp.ones((1, 3, 4)))
+    >>> y.shape, variables['params']['query']['kernel'].shape
+    ((1, 3, 4), (4, 2, 2))
   """
   flax_class = flax_nn.MultiHeadDotProductAttention
 
@@ -262,7 +370,12 @@ class MultiHeadDotProductAttention(FlaxLayer):
 class SelfAttention(FlaxLayer):
   """`flax.linen.SelfAttention`.
 
-  >>> SelfAttention(num_heads=2).init(key, jnp.ones((2, 5, 8)))
+  Flax deprecates it: not for new code, use `MultiHeadDotProductAttention` on one input.
+
+  Examples:
+    >>> y, _ = SelfAttention(num_heads=2).init_with_output(jax.random.key(0), jnp.ones((1, 3, 4)))
+    >>> y.shape
+    (1, 3, 4)
   """
   flax_class = flax_nn.SelfAttention
 
@@ -270,7 +383,13 @@ class SelfAttention(FlaxLayer):
 class MultiHeadAttention(FlaxLayer):
   """`flax.linen.MultiHeadAttention`: `MultiHeadDotProductAttention` under its own auto-name.
 
-  >>> MultiHeadAttention(num_heads=2).init(key, q, k, v)
+  Not needed unless a ported checkpoint uses its name: else use `MultiHeadDotProductAttention`.
+
+  Examples:
+    >>> attention = MultiHeadAttention(num_heads=2)
+    >>> y, variables = attention.init_with_output(jax.random.key(0), jnp.ones((1, 3, 4)))
+    >>> list(variables['params'])
+    ['query', 'key', 'value', 'out']
   """
   flax_class = flax_nn.MultiHeadAttention
 
@@ -279,8 +398,12 @@ class Fp8DotGeneralOp(FlaxLayer):
   """`flax.linen.Fp8DotGeneralOp`: a ``dot_general`` through fp8 with scaled quantization.
 
   Its scales and amax histories live in the ``_overwrite_with_gradient`` collection.
+  Flax deprecates it: not for new code, use `Fp8DirectDotGeneralOp` or `Fp8Einsum`.
 
-  >>> DenseGeneral(4, dot_general_cls=Fp8DotGeneralOp)
+  Examples:
+    >>> dense = DenseGeneral(4, dot_general_cls=Fp8DotGeneralOp)
+    >>> list(dense.init(jax.random.key(0), jnp.ones((2, 3)))['_overwrite_with_gradient'])
+    ['Fp8DotGeneralOp_0']
   """
   flax_class = flax_nn.Fp8DotGeneralOp
 
@@ -288,7 +411,12 @@ class Fp8DotGeneralOp(FlaxLayer):
 class Fp8DirectDotGeneralOp(FlaxLayer):
   """`flax.linen.Fp8DirectDotGeneralOp`; `Fp8DotGeneral` is its other name.
 
-  >>> Dense(4, dot_general_cls=Fp8DotGeneral)
+  Not for hardware without fp8 matmuls: keep the default ``dot_general`` there.
+
+  Examples:
+    >>> dense = Dense(4, dot_general_cls=Fp8DotGeneral)
+    >>> sorted(dense.init(jax.random.key(0), jnp.ones((2, 3))))
+    ['_overwrite_with_gradient', 'params']
   """
   flax_class = flax_nn.Fp8DirectDotGeneralOp
 
@@ -299,7 +427,12 @@ Fp8DotGeneral = Fp8DirectDotGeneralOp
 class NANOOFp8DotGeneralOp(FlaxLayer):
   """`flax.linen.NANOOFp8DotGeneralOp`: `Fp8DotGeneralOp` with the fnuz fp8 types.
 
-  >>> DenseGeneral(4, dot_general_cls=NANOOFp8DotGeneralOp)
+  Not for hardware whose fp8 types are not the fnuz ones: use `Fp8DotGeneralOp`.
+
+  Examples:
+    >>> dense = DenseGeneral(4, dot_general_cls=NANOOFp8DotGeneralOp)
+    >>> list(dense.init(jax.random.key(0), jnp.ones((2, 3)))['_overwrite_with_gradient'])
+    ['NANOOFp8DotGeneralOp_0']
   """
   flax_class = flax_nn.NANOOFp8DotGeneralOp
 
@@ -307,7 +440,13 @@ class NANOOFp8DotGeneralOp(FlaxLayer):
 class Fp8Einsum(FlaxLayer):
   """`flax.linen.Fp8Einsum`: ``jnp.einsum`` through fp8, called as ``(eqn, lhs, rhs)``.
 
-  >>> Fp8Einsum()('mk,kn->mn', x, w)
+  Not for hardware without fp8 matmuls: keep the default ``dot_general`` there.
+
+  Examples:
+    >>> y, variables = Fp8Einsum().init_with_output(
+    ...     jax.random.key(0), 'mk,kn->mn', jnp.ones((2, 3)), jnp.ones((3, 4)))
+    >>> y.shape
+    (2, 4)
   """
   flax_class = flax_nn.Fp8Einsum
 
@@ -315,7 +454,13 @@ class Fp8Einsum(FlaxLayer):
 class Dropout(Module):
   """Zeroes inputs with probability ``rate`` (rescaling the rest), as `flax.linen.Dropout`.
 
-  >>> y = Dropout(0.5, deterministic=False).apply({}, x, rngs={'dropout': key})
+  Not active at evaluation: with ``deterministic=True`` it returns its input.
+
+  Examples:
+    >>> x = jnp.ones((2, 4))
+    >>> y = Dropout(0.5, deterministic=False).apply({}, x, rngs={'dropout': jax.random.key(0)})
+    >>> sorted(set(y.ravel().tolist()))   # kept values are scaled by 1 / (1 - rate)
+    [0.0, 2.0]
   """
   rate: float
   broadcast_dims: tuple[int, ...] = ()
@@ -341,7 +486,13 @@ class Dropout(Module):
 class Sequential(Module):
   """Applies ``layers`` in order; a tuple output is splatted, a dict passed as keywords.
 
-  >>> model = Sequential([Dense(4), relu, Dense(1)])
+  Not for layers that need more than the previous output: write a `compact` method.
+
+  Examples:
+    >>> model = Sequential([Dense(4), nn.relu, Dense(1)])
+    >>> y, variables = model.init_with_output(jax.random.key(0), jnp.ones((2, 3)))
+    >>> y.shape, list(variables['params'])
+    ((2, 1), ['layers_0', 'layers_2'])
   """
   layers: Sequence[Callable[..., Any]]
 

@@ -15,10 +15,17 @@ F = TypeVar('F', bound=Callable[..., Any])
 def compact(fun: F) -> F:
   """Marks the method that may create submodules and variables inline.
 
-  >>> class Mlp(Module):
-  ...   @compact
-  ...   def __call__(self, x):
-  ...     return Dense(1)(x)
+  Not for a class that defines ``setup``: declare submodules in one place,
+  ``setup`` or one ``compact`` method (a class may have several ``compact``
+  methods, but most need one).
+
+  Examples:
+    >>> class Linear(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     return nn.Dense(1)(x)
+    >>> list(Linear().init(jax.random.key(0), jnp.ones((2, 3)))['params'])
+    ['Dense_0']
   """
   fun.compact = True  # type: ignore[attr-defined]
   return fun
@@ -28,14 +35,22 @@ def compact_name_scope(fun: F) -> F:
   """Runs a method like a ``compact`` one of its own submodule named after it (as Flax's).
 
   Submodules created inline go below the method's name; the method still
-  gets the module itself as ``self``.
+  gets the module itself as ``self``. Not needed when the method's
+  submodules may sit beside the others: a plain ``compact`` method does that.
 
-  >>> class Model(Module):
-  ...   @compact_name_scope
-  ...   def encode(self, x):
-  ...     return Dense(3)(x)   # params at 'encode/Dense_0'
-  ...   def __call__(self, x):
-  ...     return self.encode(x)
+  Examples:
+    >>> class AutoEncoder(nn.Module):
+    ...   @nn.compact_name_scope
+    ...   def encode(self, x):
+    ...     return nn.Dense(2)(x)
+    ...   @nn.compact_name_scope
+    ...   def decode(self, z):
+    ...     return nn.Dense(3)(z)
+    ...   def __call__(self, x):
+    ...     return self.decode(self.encode(x))
+    >>> variables = AutoEncoder().init(jax.random.key(0), jnp.ones((1, 3)))
+    >>> {name: list(tree) for name, tree in variables['params'].items()}
+    {'encode': ['Dense_0'], 'decode': ['Dense_0']}
   """
   name = fun.__name__
 
@@ -57,12 +72,20 @@ def nowrap(fun: F) -> F:
   """Marks a helper method that runs without setup or name bookkeeping.
 
   Use it for methods that create submodules for a caller, e.g. a factory
-  called from ``setup``.
+  called from ``setup``. Not for methods that read variables or call
+  submodules: those need the wrapping (``setup`` runs before them).
 
-  >>> class Block(Module):
-  ...   @nowrap
-  ...   def make_dense(self, n):
-  ...     return Dense(n)
+  Examples:
+    >>> class Block(nn.Module):
+    ...   @nn.nowrap
+    ...   def make_dense(self, n):
+    ...     return nn.Dense(n)
+    ...   def setup(self):
+    ...     self.proj = self.make_dense(2)
+    ...   def __call__(self, x):
+    ...     return self.proj(x)
+    >>> list(Block().init(jax.random.key(0), jnp.ones((1, 3)))['params'])
+    ['proj']
   """
   fun.nowrap = True  # type: ignore[attr-defined]
   return fun

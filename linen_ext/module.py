@@ -68,8 +68,9 @@ def map_modules(fn: Callable[[str, Any], Any], tree: Any, suffix: str = '') -> A
   The result is frozen as Flax freezes module attributes: lists become tuples,
   dicts become ``FrozenDict``.
 
-  >>> map_modules(lambda suffix, m: suffix, [Dense(1), {'a': Dense(2)}])[1]['a']
-  '_1_a'
+  Examples:
+    >>> map_modules(lambda suffix, m: suffix, [Dense(1), {'a': Dense(2)}])[1]['a']
+    '_1_a'
   """
   if isinstance(tree, Module):
     return fn(suffix, tree)
@@ -101,12 +102,19 @@ def _module_fields(module) -> list[dataclasses.Field]:
 class Module(VariablesMixin, EntryMixin):
   """Base class of models: subclasses become dataclasses with ``parent`` and ``name``.
 
-  >>> class Mlp(Module):
-  ...   features: int
-  ...   @compact
-  ...   def __call__(self, x):
-  ...     return Dense(self.features)(relu(Dense(4)(x)))
-  >>> variables = Mlp(1).init(jax.random.key(0), jnp.ones((2, 3)))
+  Variable trees, names and initial values are those of `flax.linen.Module`
+  for the same model. Not needed for a stateless function (an activation, a
+  reshape): write a plain function; for code against scopes, use `lift`.
+
+  Examples:
+    >>> class Mlp(nn.Module):
+    ...   features: int
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     return nn.Dense(self.features)(nn.relu(nn.Dense(4)(x)))
+    >>> variables = Mlp(1).init(jax.random.key(0), jnp.ones((2, 3)))
+    >>> jax.tree.map(jnp.shape, variables)['params']['Dense_0']   # the outer Dense, made first
+    {'bias': (1,), 'kernel': (4, 1)}
   """
   # Declared for type checkers; every subclass gets them as keyword-only dataclass fields.
   parent: Any = dataclasses.field(default=UNSPECIFIED, kw_only=True, repr=False, compare=False)
@@ -167,8 +175,9 @@ class Module(VariablesMixin, EntryMixin):
   def autoname_prefix(self) -> str:
     """The prefix of automatic names, ``ClassName`` as in Flax.
 
-    >>> Dense(3).autoname_prefix()
-    'Dense'
+    Examples:
+      >>> nn.Dense(3).autoname_prefix()
+      'Dense'
     """
     return type(self).__name__
 
@@ -222,9 +231,10 @@ class Module(VariablesMixin, EntryMixin):
   def setup(self) -> None:
     """Defines submodules and variables lazily; runs before the first method call.
 
-    >>> class Model(Module):
-    ...   def setup(self):
-    ...     self.layers = [Dense(4), Dense(1)]   # named layers_0, layers_1
+    Examples:
+      >>> class Model(Module):
+      ...   def setup(self):
+      ...     self.layers = [Dense(4), Dense(1)]   # named layers_0, layers_1
     """
 
   @property
@@ -316,8 +326,9 @@ class Module(VariablesMixin, EntryMixin):
             _reset_names: bool = False, **updates) -> M:
     """A copy with the same fields (and ``updates``); by default detached (``parent=None``).
 
-    >>> Dense(3).clone(features=4).features
-    4
+    Examples:
+      >>> nn.Dense(3).clone(features=4).features
+      4
     """
     attrs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
     attrs.update(parent=parent, **updates)
@@ -340,8 +351,9 @@ class Module(VariablesMixin, EntryMixin):
     """A deep copy (``updates`` applied) attached like a new module: by default to
     the module whose method is running, under ``name`` or a fresh automatic name.
 
-    >>> Dense(3, name='a').copy(name='b', features=4).name
-    'b'
+    Examples:
+      >>> nn.Dense(3, name='a').copy(name='b', features=4).name
+      'b'
     """
     return self.clone(parent=parent, name=name, _deep_clone=True, **updates)
 
@@ -349,8 +361,15 @@ class Module(VariablesMixin, EntryMixin):
   def path(self) -> tuple[str, ...]:
     """The names from the root module down to this one (``()`` at the top).
 
-    >>> Model().bind(variables).dense.path
-    ('dense',)
+    Examples:
+      >>> class Model(nn.Module):
+      ...   def setup(self):
+      ...     self.dense = nn.Dense(2)
+      ...   def __call__(self, x):
+      ...     return self.dense(x)
+      >>> variables = Model().init(jax.random.key(0), jnp.ones((1, 3)))
+      >>> Model().bind(variables).dense.path
+      ('dense',)
     """
     return self._bound_scope('Reading `path`').path
 

@@ -23,7 +23,23 @@ def enabled() -> bool:
 def enable_named_call():
   """Runs module methods under ``jax.named_scope`` from now on.
 
-  >>> enable_named_call()
+  The scopes name each module's operations in profiles and compiled
+  programs (``Scale/mul``). Flax's ``flax_profile`` flag sets the default;
+  not for one block of code: use `override_named_call`.
+
+  Examples:
+    >>> class Scale(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     return x * self.param('s', nn.initializers.ones, (3,))
+    >>> def lowered_text():
+    ...   apply = lambda x: Scale().apply({'params': {'s': jnp.ones(3)}}, x)
+    ...   return jax.jit(apply).lower(jnp.ones(3)).as_text(debug_info=True)
+    >>> with nn.override_named_call(False):   # restores the setting on exit
+    ...   nn.enable_named_call()
+    ...   text = lowered_text()
+    >>> 'Scale/mul' in text
+    True
   """
   _enabled[0] = True
 
@@ -31,7 +47,21 @@ def enable_named_call():
 def disable_named_call():
   """Stops running module methods under ``jax.named_scope``.
 
-  >>> disable_named_call()
+  Not for one block of code: use `override_named_call`.
+
+  Examples:
+    >>> class Scale(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     return x * self.param('s', nn.initializers.ones, (3,))
+    >>> def lowered_text():
+    ...   apply = lambda x: Scale().apply({'params': {'s': jnp.ones(3)}}, x)
+    ...   return jax.jit(apply).lower(jnp.ones(3)).as_text(debug_info=True)
+    >>> with nn.override_named_call(True):   # restores the setting on exit
+    ...   nn.disable_named_call()
+    ...   text = lowered_text()
+    >>> 'Scale/mul' in text
+    False
   """
   _enabled[0] = False
 
@@ -40,8 +70,20 @@ def disable_named_call():
 def override_named_call(enable: bool = True) -> Iterator[None]:
   """Enables (or disables) named scopes inside a ``with`` block only.
 
-  >>> with override_named_call(False):
-  ...   y = model.apply(variables, x)
+  Not for a whole program: `enable_named_call` / `disable_named_call` set it.
+
+  Examples:
+    >>> class Scale(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     return x * self.param('s', nn.initializers.ones, (3,))
+    >>> def lowered_text():
+    ...   apply = lambda x: Scale().apply({'params': {'s': jnp.ones(3)}}, x)
+    ...   return jax.jit(apply).lower(jnp.ones(3)).as_text(debug_info=True)
+    >>> with nn.override_named_call(True):
+    ...   text = lowered_text()
+    >>> 'Scale/mul' in text
+    True
   """
   previous, _enabled[0] = _enabled[0], enable
   try:

@@ -64,12 +64,13 @@ class WeightNorm(Module):
 
   A parameter whose path contains a name in ``variable_filter`` is divided by
   its L2 norm over the axes other than ``feature_axes`` (and multiplied by a
-  learned per-feature ``scale`` with ``use_scale``).
+  learned per-feature ``scale`` with ``use_scale``). Not for normalising
+  activations: use `LayerNorm`.
 
-  >>> class Model(Module):
-  ...   @compact
-  ...   def __call__(self, x):
-  ...     return WeightNorm(Dense(4))(x)   # scale at WeightNorm_0/'Dense_0/kernel/scale'
+  Examples:
+    >>> variables = nn.WeightNorm(nn.Dense(2)).init(jax.random.key(0), jnp.ones((1, 3)))
+    >>> jax.tree.map(jnp.shape, variables['params'])
+    {'layer_instance': {'bias': (2,), 'kernel': (3, 2)}, 'layer_instance/kernel/scale': (2,)}
   """
   layer_instance: Module
   epsilon: float = 1e-12
@@ -101,16 +102,22 @@ class WeightNorm(Module):
 
 
 class SpectralNorm(Module):
-  """Divides ``layer_instance``'s matrices by their largest singular value, as
-  `flax.linen.SpectralNorm`.
+  """Divides ``layer_instance``'s matrices by their largest singular value (Flax's SpectralNorm).
 
   The singular value comes from ``n_steps`` of power iteration from a vector
   ``u`` kept in ``collection_name`` (with the last ``sigma``); with
   ``update_stats=True`` both are written back. Tensors of rank above 2 are
   flattened to matrices over their leading axes (or refused with
-  ``error_on_non_matrix``); scalars and vectors pass unchanged.
+  ``error_on_non_matrix``); scalars and vectors pass unchanged. As
+  `flax.linen.SpectralNorm`. Each call runs power iterations: not for layers
+  that need no Lipschitz bound.
 
-  >>> y, updates = model.apply(variables, x, update_stats=True, mutable=['batch_stats'])
+  Examples:
+    >>> layer, x = nn.SpectralNorm(nn.Dense(2)), jnp.ones((1, 3))
+    >>> variables = layer.init(jax.random.key(0), x, update_stats=True)
+    >>> y, updates = layer.apply(variables, x, update_stats=True, mutable=['batch_stats'])
+    >>> jax.tree.map(jnp.shape, updates)
+    {'batch_stats': {'layer_instance/kernel/sigma': (), 'layer_instance/kernel/u': (1, 2)}}
   """
   layer_instance: Module
   n_steps: int = 1

@@ -28,13 +28,19 @@ class RNNCellBase(Module):
   """Base of recurrent cells ``(carry, x) -> (carry, y)`` that `RNN` can loop.
 
   A subclass defines ``__call__`` and ``initialize_carry``; ``num_feature_axes``
-  (trailing feature axes of an input step) is 1 unless overridden.
+  (trailing feature axes of an input step) is 1 unless overridden. Not
+  needed for the usual cells: `LSTMCell`, `GRUCell`, ... are ready-made.
 
-  >>> class Accumulate(RNNCellBase):
-  ...   def __call__(self, carry, x):
-  ...     return carry + x, carry + x
-  ...   def initialize_carry(self, rng, input_shape):
-  ...     return jnp.zeros(input_shape)
+  Examples:
+    >>> class Accumulate(nn.RNNCellBase):
+    ...   def __call__(self, carry, x):
+    ...     return carry + x, carry + x
+    ...   def initialize_carry(self, rng, input_shape):
+    ...     return jnp.zeros(input_shape)
+    >>> nn.RNN(Accumulate()).apply({}, jnp.ones((1, 3, 2)))   # (batch, time, features)
+    Array([[[1., 1.],
+            [2., 2.],
+            [3., 3.]]], dtype=float32)
   """
 
   @nowrap
@@ -54,8 +60,12 @@ def flip_sequences(inputs: jax.Array, seq_lengths: jax.Array | None, num_batch_d
                    time_major: bool) -> jax.Array:
   """Reverses each sequence's first ``seq_lengths`` steps; padding stays at the end.
 
-  >>> flip_sequences(jnp.array([[1, 2, 0]]), jnp.array([2]), 1, False).tolist()
-  [[2, 1, 0]]
+  `RNN` with ``reverse=True`` calls it; not needed for sequences without
+  padding: ``jnp.flip`` along the time axis is the same.
+
+  Examples:
+    >>> flip_sequences(jnp.array([[1, 2, 0]]), jnp.array([2]), 1, False).tolist()
+    [[2, 1, 0]]
   """
   time_axis = 0 if time_major else num_batch_dims
   if seq_lengths is None:
@@ -84,10 +94,15 @@ class RNN(Module):
   ``time_major=False`` reads inputs as ``(*batch, time, *features)``;
   ``reverse=True`` runs from the last step to the first (and returns the
   outputs in that order unless ``keep_order``). The ``variable_*`` and
-  ``split_rngs`` fields go to the lifted `scan`.
+  ``split_rngs`` fields go to the lifted `scan`. Not for one step at a time
+  (decoding): call the cell itself with its carry.
 
-  >>> y = RNN(LSTMCell(8)).apply(variables, x)            # x: (batch, time, features)
-  >>> carry, y = RNN(GRUCell(8), return_carry=True).apply(variables, x, seq_lengths=lengths)
+  Examples:
+    >>> rnn, x = nn.RNN(nn.GRUCell(3), return_carry=True), jnp.ones((2, 5, 4))
+    >>> variables = rnn.init(jax.random.key(0), x)   # x: (batch, time, features)
+    >>> carry, y = rnn.apply(variables, x, seq_lengths=jnp.array([5, 2]))
+    >>> carry.shape, y.shape
+    ((2, 3), (2, 5, 3))
   """
   cell: Module
   time_major: bool = False
@@ -148,8 +163,13 @@ class Bidirectional(Module):
   """Runs ``forward_rnn`` and ``backward_rnn`` (reversed, order kept) and merges their outputs.
 
   As `flax.linen.Bidirectional`; the carry is ``(forward carry, backward carry)``.
+  Not for causal models (decoding): the backward direction reads the future.
 
-  >>> layer = Bidirectional(RNN(GRUCell(4)), RNN(GRUCell(4)))   # outputs: 8 features
+  Examples:
+    >>> layer = nn.Bidirectional(nn.RNN(nn.GRUCell(4)), nn.RNN(nn.GRUCell(4)))
+    >>> y, variables = layer.init_with_output(jax.random.key(0), jnp.ones((2, 5, 3)))
+    >>> y.shape   # forward and backward outputs concatenated
+    (2, 5, 8)
   """
   forward_rnn: Module
   backward_rnn: Module

@@ -13,11 +13,17 @@ def share_scope(module: Module, other: Module, /) -> None:
   If ``other`` lives below ``module`` (e.g. a setup attribute), ``other`` moves up
   into ``module``'s scope; otherwise ``module`` moves into ``other``'s (a wrapper
   around a layer passed in). Existing children move along with the one that moves.
+  Not for tying weights between two layers: call one submodule twice.
 
-  >>> class Wrapper(Module):
-  ...   def setup(self):
-  ...     self.inner = Inner()
-  ...     share_scope(self, self.inner)   # Inner's variables sit at Wrapper's path
+  Examples:
+    >>> class Wrapper(nn.Module):
+    ...   def setup(self):
+    ...     self.inner = nn.Dense(2)
+    ...     nn.share_scope(self, self.inner)   # inner's variables sit at Wrapper's path
+    ...   def __call__(self, x):
+    ...     return self.inner(x)
+    >>> list(Wrapper().init(jax.random.key(0), jnp.ones((1, 3)))['params'])
+    ['kernel', 'bias']
   """
   for m in (module, other):
     if m.scope is None:

@@ -191,9 +191,15 @@ def per_layer(value: Any) -> PerLayer:
 
   Arguments of `Stacked`, `BlockSeq` and `scan_layers` calls go whole to every
   layer unless wrapped by `per_layer`. Use it for per-layer dynamic
-  configuration (a scale, a layer index, a mask per layer).
+  configuration (a scale, a layer index, a mask per layer); not for options
+  every layer shares: pass those unwrapped, or as ``block_kwargs``.
 
-  >>> y = stack.fold(x, per_layer(jnp.arange(4.0)))   # layer i gets the scalar i
+  Examples:
+    >>> class Scale(nn.Module):
+    ...   def __call__(self, x, s):
+    ...     return x * s
+    >>> nn.Stacked(Scale, 3).apply({}, jnp.ones(2), nn.per_layer(jnp.array([1.0, 2.0, 3.0])))
+    Array([6., 6.], dtype=float32)
   """
   leaves = jax.tree.leaves(value)
   if not leaves:
@@ -280,10 +286,15 @@ def stacked_to_layers(variables: Mapping[str, Any], *, prefix: str = 'layers',
   """Stacked layout to per-layer layout: ``{col: tree[N, ...]}`` to ``{col: {'layers_i': tree[i]}}``.
 
   ``metadata_params`` are those the stack was built with (e.g.
-  ``{nn.PARTITION_NAME: 'layers'}``): boxes lose the layer axis's name.
+  ``{nn.PARTITION_NAME: 'layers'}``): boxes lose the layer axis's name. For
+  moving checkpoints between `Stacked` and `BlockSeq` / `scan_layers`; not
+  needed to run a stack.
 
-  >>> stacked = Stacked(Block, 4).init(key, x)                # params['Dense_0']['kernel']: (4, d, d)
-  >>> layers = stacked_to_layers(stacked)                      # params['layers_2']['Dense_0']['kernel']: (d, d)
+  Examples:
+    >>> stack = nn.Stacked(nn.Dense, 4, block_kwargs={'features': 3})
+    >>> layers = nn.stacked_to_layers(stack.init(jax.random.key(0), jnp.ones((1, 3))))
+    >>> list(layers['params']), layers['params']['layers_2']['kernel'].shape
+    (['layers_0', 'layers_1', 'layers_2', 'layers_3'], (3, 3))
   """
   out = {}
   for col, tree in variables.items():
@@ -314,11 +325,18 @@ def layers_to_stacked(variables: Mapping[str, Any], *, prefix: str = 'layers',
                       metadata_params: Mapping[Any, Any] = {}) -> dict[str, Any]:  # noqa: B006
   """Per-layer layout to stacked layout, the inverse of `stacked_to_layers`.
 
+  For moving checkpoints from `BlockSeq` / `scan_layers` to `Stacked`; not
+  needed to run a stack.
+
   Raises:
     LayerMismatchError: two layers differ in variable names, shapes or dtypes
       (the message names the layer, the path and both shapes).
 
-  >>> stacked = layers_to_stacked({'params': {'layers_0': p0, 'layers_1': p1}})
+  Examples:
+    >>> layers = {'params': {'layers_0': {'w': jnp.zeros(2)}, 'layers_1': {'w': jnp.ones(2)}}}
+    >>> nn.layers_to_stacked(layers)['params']['w']
+    Array([[0., 0.],
+           [1., 1.]], dtype=float32)
   """
   out = {}
   for col, tree in variables.items():

@@ -142,7 +142,17 @@ class _LayerStack(Module):
   def fold_via(self, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fold`` with ``fn(block, carry, *args) -> carry`` in place of calling the block.
 
-    >>> y = stack.fold_via(lambda block, x, mask: block.decode(x, mask))(x, mask)
+    Examples:
+      >>> class Block(nn.Module):
+      ...   @nn.compact
+      ...   def __call__(self, x):
+      ...     return x + nn.Dense(3)(x)
+      ...   def scaled(self, x, s):
+      ...     return s * self(x)
+      >>> stack, x = nn.Stacked(Block, 2), jnp.ones((1, 3))
+      >>> bound = stack.bind(stack.init(jax.random.key(0), x))
+      >>> bound.fold_via(lambda block, x, s: block.scaled(x, s))(x, 0.5).shape
+      (1, 3)
     """
     return functools.partial(self._loop, fn, 'fold')
 
@@ -182,10 +192,15 @@ class Stacked(_LayerStack):
   Calling the stack is ``fold``. Not for blocks that differ in code or
   variable shapes: use `BlockSeq`.
 
-  >>> class Model(nn.Module):
-  ...   @nn.compact
-  ...   def __call__(self, x):
-  ...     return nn.Stacked(Block, 12, remat=True, block_kwargs={'heads': 4})(x)
+  Examples:
+    >>> class Block(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     return x + jnp.tanh(nn.Dense(3)(x))
+    >>> stack = nn.Stacked(Block, 4, remat=True)
+    >>> y, variables = stack.init_with_output(jax.random.key(0), jnp.ones((2, 3)))
+    >>> y.shape, variables['params']['Dense_0']['kernel'].shape   # one kernel per layer
+    ((2, 3), (4, 3, 3))
   """
   block_cls: Any
   length: int
@@ -289,11 +304,17 @@ class BlockSeq(_LayerStack):
   of layers around the checkpointed layers, keeping only the carries that
   enter groups, as the loop engine does.
 
-  Compiles in time linear in the depth: for many equal blocks use `Stacked`
-  or `scan_layers`.
+  Compiles in time linear in the depth: not for many equal blocks, use
+  `Stacked` or `scan_layers` there.
 
-  >>> seq = BlockSeq(Block, 3, remat=True)
-  >>> variables = seq.init(key, x)                    # params/layers_0 ... layers_2
+  Examples:
+    >>> class Block(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     return x + jnp.tanh(nn.Dense(3)(x))
+    >>> variables = nn.BlockSeq(Block, 3, remat=True).init(jax.random.key(0), jnp.ones((2, 3)))
+    >>> list(variables['params'])
+    ['layers_0', 'layers_1', 'layers_2']
   """
   layers: Any
   length: int | None = None

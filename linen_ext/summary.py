@@ -296,7 +296,13 @@ def module_paths(module: Any, rngs: Any, *args, show_repeated: bool = False,
 def tabulate(module: Any, rngs: Any, **options) -> Callable[..., str]:
   """``tabulate(module, rngs)(x)``: `module_table` with the call's arguments, as Flax's.
 
-  >>> print(tabulate(Model(), jax.random.key(0), depth=1)(x))
+  Returns the table as text, for reading. Not for sizes a program uses:
+  count them with ``jax.tree.map`` over the variables.
+
+  Examples:
+    >>> table = nn.tabulate(nn.Dense(2), jax.random.key(0))(jnp.ones((1, 3)))
+    >>> 'Total Parameters: 8' in table   # print(table) shows one row per module call
+    True
   """
   return lambda *args, **kwargs: module_table(module, rngs, *args, **options, **kwargs)
 

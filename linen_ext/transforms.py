@@ -208,10 +208,14 @@ def vmap(target: Target, variable_axes: Mapping[Filter, int | None] = {},  # noq
          methods: Any = None) -> Target:
   """Vectorises a Module class or method (``lift.vmap`` on its scopes).
 
-  Keyword arguments of the call reach every item unmapped.
+  Keyword arguments of the call reach every item unmapped. Not for a batch
+  axis over shared weights: layers broadcast over leading axes already.
 
-  >>> VmapMLP = vmap(MLP, variable_axes={'params': 0}, split_rngs={'params': True})
-  >>> variables = VmapMLP(name='mlp').init(key, jnp.ones((3, 4)))   # params stacked by 3
+  Examples:
+    >>> Ensemble = nn.vmap(nn.Dense, variable_axes={'params': 0}, split_rngs={'params': True})
+    >>> variables = Ensemble(2).init(jax.random.key(0), jnp.ones((3, 4)))
+    >>> variables['params']['kernel'].shape   # one (4, 2) kernel per item
+    (3, 4, 2)
   """
   return lift_transform(VMAP, target, dict(
       variable_axes=variable_axes, split_rngs=split_rngs, in_axes=in_axes,
@@ -229,8 +233,19 @@ def scan(target: Target, variable_axes: Mapping[Filter, int] = {},  # noqa: B006
          remat: Any = False) -> Target:
   """Loops a Module class or method ``f(self, carry, *xs) -> (carry, ys)`` (``lift.scan``).
 
-  >>> ScanCell = scan(LSTMCell, variable_broadcast='params', split_rngs={'params': False},
-  ...                 in_axes=1, out_axes=1)
+  Not for a stack of layers with weights of their own: `Stacked` says it shorter.
+
+  Examples:
+    >>> class Cell(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, c, x):
+    ...     c = nn.Dense(2)(c) + x
+    ...     return c, c
+    >>> Loop = nn.scan(Cell, variable_broadcast='params', split_rngs={'params': False})
+    >>> (c, ys), variables = Loop().init_with_output(
+    ...     jax.random.key(0), jnp.zeros(2), jnp.ones((5, 2)))
+    >>> ys.shape, variables['params']['Dense_0']['kernel'].shape   # weights shared by steps
+    ((5, 2), (2, 2))
   """
   return lift_transform(SCAN, target, dict(
       variable_axes=variable_axes, variable_broadcast=variable_broadcast,
@@ -248,7 +263,12 @@ def checkpoint(target: Target, variables: Filter = True, rngs: Filter = True,
                static_argnames: str | Iterable[str] = ()) -> Target:
   """Rematerialises a Module class or method (``lift.checkpoint``); ``self`` is argument 0.
 
-  >>> RematBlock = checkpoint(Block, static_argnums=(2,))   # def __call__(self, x, train)
+  Not needed with memory to spare: recomputation costs time.
+
+  Examples:
+    >>> RematDense = nn.remat(nn.Dense)   # the same variables and values as Dense
+    >>> jax.tree.map(jnp.shape, RematDense(2).init(jax.random.key(0), jnp.ones((1, 3))))
+    {'params': {'bias': (2,), 'kernel': (3, 2)}}
   """
   return lift_transform(CHECKPOINT, target, dict(
       variables=variables, rngs=rngs, concrete=concrete, prevent_cse=prevent_cse,
@@ -265,9 +285,14 @@ def jit(target: Target, variables: Filter = True, rngs: Filter = True,
   """Compiles a Module class or method (``lift.jit``); ``self`` is argument 0.
 
   Repeated calls, and fresh instances with the same configuration, reuse the
-  compiled function.
+  compiled function. Not worth it inside a function that is already jitted:
+  there it is inlined.
 
-  >>> JitBlock = jit(Block, static_argnames=('train',))
+  Examples:
+    >>> JitDense = nn.jit(nn.Dense)
+    >>> y, variables = JitDense(2).init_with_output(jax.random.key(0), jnp.ones((1, 3)))
+    >>> y.shape
+    (1, 2)
   """
   return lift_transform(JIT, target, dict(
       variables=variables, rngs=rngs, static_argnums=static_argnums,
@@ -286,7 +311,14 @@ def map_variables(target: Target, mapped_collections: Filter = True,
                   methods: Any = None) -> Target:
   """Shows a Module class or method a mapped view of some collections (``lift.map_variables``).
 
-  >>> TiedDecoder = map_variables(Dense, 'params', transpose, transpose, init=True)
+  Not for a one-off change of loaded variables: transform the dict before `apply`.
+
+  Examples:
+    >>> transpose = lambda tree: jax.tree.map(lambda a: a.T, tree)
+    >>> Transposed = nn.map_variables(nn.Dense, 'params', transpose, transpose, init=True)
+    >>> variables = Transposed(2, use_bias=False).init(jax.random.key(0), jnp.ones((1, 3)))
+    >>> variables['params']['kernel'].shape   # stored transposed
+    (2, 3)
   """
   return lift_transform(MAP_VARIABLES, target, dict(
       mapped_collections=mapped_collections, trans_in_fn=trans_in_fn,
@@ -302,7 +334,17 @@ def remat_scan(target: Target, lengths: Sequence[int] = (), policy: Callable[...
                methods: Any = None) -> Target:
   """Repeats ``f(self, carry) -> carry`` ``prod(lengths)`` times as nested rematerialised scans.
 
-  >>> Stack = remat_scan(Block, lengths=(2, 3))
+  Not for new code: ``Stacked(..., remat='nested')`` saves memory similarly
+  with one layer axis.
+
+  Examples:
+    >>> class Layer(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     return jnp.tanh(nn.Dense(3)(x))
+    >>> variables = nn.remat_scan(Layer, lengths=(2, 3))().init(jax.random.key(0), jnp.ones((1, 3)))
+    >>> variables['params']['Dense_0']['kernel'].shape   # 2 x 3 layers
+    (2, 3, 3, 3)
   """
   return lift_transform(REMAT_SCAN, target, dict(
       lengths=lengths, policy=policy, variable_broadcast=variable_broadcast,
@@ -319,8 +361,21 @@ def add_metadata_axis(target: Target, variable_axes: Mapping[Filter, int] = {}, 
                       methods: Any = None) -> Target:
   """Adds an axis to the ``AxisMetadata`` boxes of collections created inside (outside view).
 
-  >>> Stacked = add_metadata_axis(Block, variable_axes={'params': 0},
-  ...                             metadata_params={PARTITION_NAME: 'layers'})
+  For code that adds the array axis itself (``jax.vmap`` of an ``init``). Not
+  needed with `vmap`, `scan` or `Stacked`: their ``metadata_params`` do it.
+
+  Examples:
+    >>> class Scale(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     init = nn.with_partitioning(nn.initializers.ones, ('embed',))
+    ...     return x * self.param('scale', init, (x.shape[-1],))
+    >>> Boxed = nn.add_metadata_axis(Scale, variable_axes={'params': 0},
+    ...                              metadata_params={nn.PARTITION_NAME: 'layers'})
+    >>> keys = jax.random.split(jax.random.key(0), 4)
+    >>> variables = jax.vmap(Boxed().init, in_axes=(0, None))(keys, jnp.ones(3))
+    >>> variables['params']['scale'].names, variables['params']['scale'].value.shape
+    (('layers', 'embed'), (4, 3))
   """
   for col, axis in variable_axes.items():
     target = map_variables(target, col,
@@ -336,7 +391,13 @@ def fold_rngs(target: Target, variables: Filter = True, rngs: Filter = True,
 
   Only needed to reproduce the keys of Flax's ``fold_rngs``.
 
-  >>> Folded = fold_rngs(Dropout)
+  Examples:
+    >>> class Noise(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self):
+    ...     return jax.random.uniform(self.make_rng('noise'))
+    >>> nn.fold_rngs(Noise)().apply({}, rngs={'noise': jax.random.key(0)}).shape
+    ()
   """
   return lift_transform(FOLD_RNGS, target, dict(variables=variables, rngs=rngs), methods)
 
@@ -349,9 +410,16 @@ def shard_map(target: Target, mesh: Any, in_specs: Any, out_specs: Any,
   """Runs a Module class or method per shard of ``mesh`` (``lift.shard_map``).
 
   ``variable_specs`` gives each collection's ``PartitionSpec``, inside and out.
+  Not needed for data parallelism: `jax.jit` with sharded inputs does that.
 
-  >>> Sharded = shard_map(Block, mesh, in_specs=P('data'), out_specs=P('data'),
-  ...                     variable_specs={'params': P()})
+  Examples:
+    >>> from jax.sharding import PartitionSpec as P
+    >>> mesh = jax.make_mesh((1,), ('data',), axis_types=(jax.sharding.AxisType.Auto,))
+    >>> Sharded = nn.shard_map(nn.Dense, mesh, in_specs=P('data'), out_specs=P('data'),
+    ...                        variable_specs={'params': P()}, split_rngs={'params': False})
+    >>> y, variables = Sharded(2).init_with_output(jax.random.key(0), jnp.ones((4, 3)))
+    >>> y.shape
+    (4, 2)
   """
   return lift_transform(SHARD_MAP, target, dict(
       mesh=mesh, in_specs=in_specs, out_specs=out_specs, variable_specs=variable_specs,

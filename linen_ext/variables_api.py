@@ -17,8 +17,11 @@ K = TypeVar('K')
 def tuple_reduce(xs: tuple, x: Any) -> tuple:
   """`sow`'s default reduction: append ``x`` to the tuple ``xs``.
 
-  >>> tuple_reduce((1,), 2)
-  (1, 2)
+  Not for a running value (a sum, a maximum): give `sow` your own ``reduce_fn``.
+
+  Examples:
+    >>> tuple_reduce((1,), 2)
+    (1, 2)
   """
   return xs + (x,)
 
@@ -26,8 +29,17 @@ def tuple_reduce(xs: tuple, x: Any) -> tuple:
 def tuple_init() -> tuple:
   """`sow`'s default initial value: an empty tuple.
 
-  >>> tuple_init()
-  ()
+  Not for a running value: give `sow` your own ``init_fn`` (and ``reduce_fn``).
+
+  Examples:
+    >>> class Probe(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     self.sow('intermediates', 'h', x)   # starts from tuple_init(), appends
+    ...     return x
+    >>> _, state = Probe().apply({}, jnp.ones(2), mutable='intermediates')
+    >>> state['intermediates']['h']
+    (Array([1., 1.], dtype=float32),)
   """
   return ()
 
@@ -55,10 +67,13 @@ class VariablesMixin:
             unbox: bool = True, **init_kwargs) -> T:
     """Declares parameter ``name`` in 'params', created by ``init_fn(key, *init_args)``.
 
-    >>> class Bias(Module):
-    ...   @compact
-    ...   def __call__(self, x):
-    ...     return x + self.param('b', jax.nn.initializers.zeros, x.shape[-1:])
+    Examples:
+      >>> class Bias(nn.Module):
+      ...   @nn.compact
+      ...   def __call__(self, x):
+      ...     return x + self.param('b', nn.initializers.zeros, x.shape[-1:])
+      >>> jax.tree.map(jnp.shape, Bias().init(jax.random.key(0), jnp.ones(3)))
+      {'params': {'b': (3,)}}
     """
     scope = self._reserve_check('param', name, 'params')
     return scope.param(name, init_fn, *init_args, unbox=unbox, **init_kwargs)
@@ -67,11 +82,15 @@ class VariablesMixin:
                *init_args, unbox: bool = True, **init_kwargs) -> Variable[T]:
     """Declares variable ``name`` of collection ``col``; returns a handle with ``.value``.
 
-    >>> class Counter(Module):
-    ...   @compact
-    ...   def __call__(self):
-    ...     count = self.variable('counter', 'count', lambda: 0)
-    ...     count.value += 1
+    Examples:
+      >>> class Counter(nn.Module):
+      ...   @nn.compact
+      ...   def __call__(self):
+      ...     count = self.variable('counter', 'count', lambda: 0)
+      ...     count.value += 1
+      ...     return count.value
+      >>> Counter().apply({'counter': {'count': 41}}, mutable='counter')
+      (42, {'counter': {'count': 42}})
     """
     scope = self._reserve_check('variable', name, col)
     return scope.variable(col, name, init_fn, *init_args, unbox=unbox, **init_kwargs)
@@ -79,9 +98,12 @@ class VariablesMixin:
   def make_rng(self, name: str = 'params') -> jax.Array:
     """A fresh key from stream ``name`` (falls back to 'params' when absent, as Flax).
 
-    >>> class Noise(Module):
-    ...   def __call__(self, x):
-    ...     return x + jax.random.normal(self.make_rng('noise'), x.shape)
+    Examples:
+      >>> class Noise(nn.Module):
+      ...   def __call__(self, x):
+      ...     return x + jax.random.normal(self.make_rng('noise'), x.shape)
+      >>> Noise().apply({}, jnp.zeros(2), rngs={'noise': jax.random.key(0)}).shape
+      (2,)
     """
     return self._bound_scope(f'make_rng("{name}")').make_rng(name)
 
@@ -92,9 +114,13 @@ class VariablesMixin:
   def is_initializing(self) -> bool:
     """True inside ``init`` (and ``init_with_output``).
 
-    >>> class Model(Module):
-    ...   def __call__(self, x):
-    ...     return x if self.is_initializing() else 2 * x
+    Examples:
+      >>> class Model(nn.Module):
+      ...   def __call__(self, x):
+      ...     return x if self.is_initializing() else 2 * x
+      >>> y, variables = Model().init_with_output(jax.random.key(0), 1.0)
+      >>> y, Model().apply(variables, 1.0)
+      (1.0, 2.0)
     """
     return bool(self._bound_scope('is_initializing()').get_flag('initializing', False))
 
@@ -109,14 +135,26 @@ class VariablesMixin:
   def get_variable(self, col: str, name: str, default: T | None = None) -> T | None:
     """The value of variable ``col/name`` of this module, or ``default``.
 
-    >>> step = self.get_variable('state', 'step', 0)
+    Examples:
+      >>> class Step(nn.Module):
+      ...   def __call__(self):
+      ...     step = self.get_variable('state', 'step', 0)
+      ...     self.put_variable('state', 'step', step + 1)
+      ...     return step
+      >>> Step().apply({'state': {'step': 4}}, mutable='state')
+      (4, {'state': {'step': 5}})
     """
     return self._bound_scope('get_variable').get_variable(col, name, default)
 
   def put_variable(self, col: str, name: str, value: Any) -> None:
     """Writes variable ``col/name``; the collection must be mutable.
 
-    >>> self.put_variable('state', 'step', step + 1)
+    Examples:
+      >>> class Step(nn.Module):
+      ...   def __call__(self):
+      ...     self.put_variable('state', 'step', self.get_variable('state', 'step', 0) + 1)
+      >>> Step().apply({}, mutable='state')
+      (None, {'state': {'step': 1}})
     """
     self._bound_scope('put_variable').put_variable(col, name, value)
 
@@ -124,8 +162,10 @@ class VariablesMixin:
   def variables(self) -> dict[str, Any]:
     """The variables of this module and its children, ``{collection: {name: value}}``.
 
-    >>> Dense(2).bind(variables).variables['params']['kernel'].shape
-    (3, 2)
+    Examples:
+      >>> variables = nn.Dense(2).init(jax.random.key(0), jnp.ones((1, 3)))
+      >>> nn.Dense(2).bind(variables).variables['params']['kernel'].shape
+      (3, 2)
     """
     return self._bound_scope('Reading `variables`').variables()
 
@@ -134,10 +174,13 @@ class VariablesMixin:
           init_fn: Callable[[], K] = tuple_init) -> bool:
     """Stores ``value`` in ``col/name`` when ``col`` is mutable; returns whether it did.
 
-    >>> class Probe(Module):
-    ...   def __call__(self, x):
-    ...     self.sow('intermediates', 'x', x)
-    ...     return x
+    Examples:
+      >>> class Probe(nn.Module):
+      ...   def __call__(self, x):
+      ...     self.sow('intermediates', 'x', x)
+      ...     return x
+      >>> Probe().apply({}, 1.0, mutable='intermediates')
+      (1.0, {'intermediates': {'x': (1.0,)}})
     """
     scope = self._bound_scope(f'sow("{col}", "{name}")')
     if not scope.is_mutable_collection(col):
@@ -153,9 +196,14 @@ class VariablesMixin:
   def perturb(self, name: str, value: T, collection: str = 'perturbations') -> T:
     """Adds a zero-initialised 'perturbations' variable to ``value`` (for gradients of intermediates).
 
-    >>> class Probe(Module):
-    ...   def __call__(self, x):
-    ...     return self.perturb('x', x)
+    Examples:
+      >>> class Probe(nn.Module):
+      ...   def __call__(self, x):
+      ...     return 2 * self.perturb('x', x)
+      >>> x = jnp.ones(2)
+      >>> variables = Probe().init(jax.random.key(0), x)
+      >>> jax.grad(lambda v: Probe().apply(v, x).sum())(variables)['perturbations']['x']
+      Array([2., 2.], dtype=float32)
     """
     scope = self._bound_scope(f'perturb("{name}")')
     if scope.is_mutable_collection(collection) and not scope.has_variable(collection, name):

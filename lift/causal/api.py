@@ -64,12 +64,11 @@ def as_scan(g: Callable, example_xs: Any
   Returns:
     `(f, carry_init)`; `f(carry, x) -> (carry, y)` takes one element.
 
-  >>> import jax.numpy as jnp
-  >>> from jax import lax
-  >>> xs = jnp.arange(4.0)
-  >>> f, carry = as_scan(jnp.cumsum, xs)
-  >>> lax.scan(f, carry, xs)[1]
-  Array([0., 1., 3., 6.], dtype=float32)
+  Examples:
+    >>> xs = jnp.arange(4.0)
+    >>> f, carry = as_scan(jnp.cumsum, xs)
+    >>> jax.lax.scan(f, carry, xs)[1]
+    Array([0., 1., 3., 6.], dtype=float32)
   """
   converted = _convert(g, example_xs, prefill=None)
   return converted.f, converted.carry
@@ -78,6 +77,10 @@ def as_scan(g: Callable, example_xs: Any
 def as_scan_with_prefill(g: Callable, example_xs: Any,
                          prefill: Any) -> Prefilled:
   """Like `as_scan`, but first consumes a known prefix in parallel.
+
+  The prefill runs as one parallel call of `g`, then the step continues.
+  Not for conditioning inputs that are not a prefix along axis 0 (an
+  encoder's output): close over those in `g` instead.
 
   Args:
     g: a causal function, as for `as_scan`.
@@ -89,11 +92,11 @@ def as_scan_with_prefill(g: Callable, example_xs: Any,
     `Prefilled(f, carry, out_prefill)`: `out_prefill == g(prefill)` and
     `lax.scan(f, carry, rest)[1] == g(concat([prefill, rest]))[P:]`.
 
-  >>> import jax.numpy as jnp
-  >>> f, carry, out = as_scan_with_prefill(
-  ...     jnp.cumsum, jnp.zeros(4), jnp.array([1.0, 2.0]))
-  >>> out, f(carry, jnp.float32(3.0))[1]
-  (Array([1., 3.], dtype=float32), Array(6., dtype=float32))
+  Examples:
+    >>> f, carry, out = as_scan_with_prefill(
+    ...     jnp.cumsum, jnp.zeros(4), jnp.array([1.0, 2.0]))
+    >>> out, f(carry, jnp.float32(3.0))[1]
+    (Array([1., 3.], dtype=float32), Array(6., dtype=float32))
   """
   return _convert(g, example_xs, prefill=prefill)
 

@@ -41,18 +41,21 @@ def causal_self_attention(q: jax.Array, k: jax.Array,
 
   Matches `flax.linen.dot_product_attention` with a causal mask: logits
   scaled by `1/sqrt(features)`, softmax over keys. Under `as_scan` it steps
-  with a KV cache of the full length.
+  with a KV cache of the full length. Not for bidirectional attention or
+  other masks: use `flax.linen.dot_product_attention`.
 
   Args:
-    q, k, v: `[batch..., length, heads, features]`.
+    q: queries, `[batch..., length, heads, features]`.
+    k: keys, shaped like `q`.
+    v: values, shaped like `q`.
 
   Returns:
     `[batch..., length, heads, features]`.
 
-  >>> import jax.numpy as jnp
-  >>> x = jnp.ones((3, 2, 4))
-  >>> causal_self_attention(x, x, x).shape
-  (3, 2, 4)
+  Examples:
+    >>> x = jnp.ones((3, 2, 4))
+    >>> causal_self_attention(x, x, x).shape
+    (3, 2, 4)
   """
   length = q.shape[-3]
   logits = jnp.einsum("...qhd,...khd->...hqk", _scaled(q), k)

@@ -112,20 +112,20 @@ def custom_causal(fun: Callable | None = None, *,
   `def_init` / `def_step` / `def_prefill`. Gradients and values are those of
   `fun`. Do not use it on functions that are not causal: `as_scan` trusts it.
 
-  >>> import jax.numpy as jnp
-  >>> @custom_causal
-  ... def running_mean(xs):
-  ...   n = jnp.arange(1, xs.shape[0] + 1, dtype=xs.dtype)
-  ...   return jnp.cumsum(xs) / n
-  >>> @running_mean.def_init
-  ... def _(xs):
-  ...   return jnp.zeros((), xs.dtype)
-  >>> @running_mean.def_step
-  ... def _(total, index, x):
-  ...   total = total + x
-  ...   return total, total / (index + 1).astype(x.dtype)
-  >>> running_mean(jnp.array([1.0, 3.0]))
-  Array([1., 2.], dtype=float32)
+  Examples:
+    >>> @custom_causal
+    ... def running_mean(xs):
+    ...   n = jnp.arange(1, xs.shape[0] + 1, dtype=xs.dtype)
+    ...   return jnp.cumsum(xs) / n
+    >>> @running_mean.def_init
+    ... def _(xs):
+    ...   return jnp.zeros((), xs.dtype)
+    >>> @running_mean.def_step
+    ... def _(total, index, x):
+    ...   total = total + x
+    ...   return total, total / (index + 1).astype(x.dtype)
+    >>> running_mean(jnp.array([1.0, 3.0]))
+    Array([1., 2.], dtype=float32)
   """
   if fun is None:
     return functools.partial(custom_causal, axis=axis)

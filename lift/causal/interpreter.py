@@ -132,13 +132,20 @@ SCAN_RULES: dict[_compat.Primitive, ScanRule] = {}
 def register_scan_rule(primitive: _compat.Primitive, rule: ScanRule) -> None:
   """Registers `rule` as the `as_scan` rule of `primitive`.
 
+  A registered rule replaces the previous one for every later `as_scan`
+  call. Not for a causal composite of several primitives (attention): mark
+  the composite with `lift.custom_causal` and give its step there.
+
   Args:
     primitive: a JAX primitive, e.g. `jax.extend.core.primitives.sin_p`.
     rule: `rule(eqn: Eqn, **params) -> StepForm`.
 
-  >>> from jax.extend.core import primitives
-  >>> from lift.causal.rules_elementwise import elementwise_rule
-  >>> register_scan_rule(primitives.sin_p, elementwise_rule)
+  Examples:
+    >>> from jax.extend.core import primitives
+    >>> from lift.causal.rules_elementwise import elementwise_rule
+    >>> register_scan_rule(primitives.sin_p, elementwise_rule)  # sin's own rule
+    >>> SCAN_RULES[primitives.sin_p] is elementwise_rule
+    True
   """
   SCAN_RULES[primitive] = rule
 

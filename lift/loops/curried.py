@@ -33,8 +33,9 @@ class AxisSplit(NamedTuple):
 def is_scanned(leaf: Any, axis: int) -> bool:
   """Whether `leaf` is scanned along `axis` (see the module docstring).
 
-  >>> is_scanned(np.zeros((2, 3)), -1), is_scanned(1.0, 0)
-  (True, False)
+  Examples:
+    >>> is_scanned(np.zeros((2, 3)), -1), is_scanned(1.0, 0)
+    (True, False)
   """
   if not isinstance(leaf, (jax.Array, np.ndarray)):
     return False
@@ -92,10 +93,11 @@ def scan(f: Callable[[Any, Any], tuple[Any, Any]], axis: int = 0, *,
   stacked at `axis`. `remat` is a checkpoint policy (`resolve_remat`),
   checked here. Prefer `jax.vmap` when steps do not depend on each other.
 
-  >>> import jax.numpy as jnp
-  >>> carry, ys = scan(lambda c, x: (c + x, c), axis=1)(jnp.zeros(2), jnp.ones((2, 3)))
-  >>> carry.tolist(), ys.shape
-  ([3.0, 3.0], (2, 3))
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> carry, ys = scan(lambda c, x: (c + x, c), axis=1)(jnp.zeros(2), jnp.ones((2, 3)))
+    >>> carry.tolist(), ys.shape
+    ([3.0, 3.0], (2, 3))
   """
   axis = _check_axis(axis)
   resolve_remat(remat)
@@ -120,10 +122,12 @@ def fold(f: Callable[[Any, Any], Any], axis: int = 0, *, remat: Remat = False,
   """Curried fold: `fold(f, axis)(init, xs) -> carry`, with `f(carry, x) -> carry`.
 
   Same slicing rules and `remat` policies as `scan`, without stacked outputs.
+  Not when the per-step outputs are needed: use `scan`.
 
-  >>> import jax.numpy as jnp
-  >>> float(fold(lambda c, x: c * x, remat=True)(1.0, jnp.arange(1.0, 5.0)))
-  24.0
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> float(fold(lambda c, x: c * x, remat=True)(1.0, jnp.arange(1.0, 5.0)))
+    24.0
   """
   step = lambda carry, x: (f(carry, x), None)
   run = scan(step, axis, remat=remat, reverse=reverse, unroll=unroll, length=length)
@@ -135,9 +139,10 @@ def map(f: Callable[[Any], Any], axis: int = 0) -> Callable[[Any], Any]:  # noqa
 
   Uses the memory of one step at a time; prefer `jax.vmap` when memory allows.
 
-  >>> import jax.numpy as jnp
-  >>> map(lambda x: x.sum(), axis=1)(jnp.ones((2, 3))).tolist()
-  [2.0, 2.0, 2.0]
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> map(lambda x: x.sum(), axis=1)(jnp.ones((2, 3))).tolist()
+    [2.0, 2.0, 2.0]
   """
   run = scan(lambda carry, x: (carry, f(x)), axis)
   return lambda xs: run(None, xs)[1]

@@ -21,13 +21,16 @@ from lift.loops.policies import Remat, checkpoint_step, on_this_backend, resolve
 def scan_length(xs: Any, length: int | None = None) -> int:
   """The number of steps of a scan over `xs` (leading axis of every leaf).
 
+  Not needed to validate inputs before a loop: every loop calls it.
+
   Raises:
     ScanLengthError: leaves disagree, a leaf is a scalar, `length` disagrees
       with them, or there are no leaves and no `length`.
 
-  >>> import jax.numpy as jnp
-  >>> scan_length({"a": jnp.zeros((3, 2)), "b": jnp.zeros(3)})
-  3
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> scan_length({"a": jnp.zeros((3, 2)), "b": jnp.zeros(3)})
+    3
   """
   sizes = {}
   for path, leaf in jax.tree_util.tree_leaves_with_path(xs):
@@ -61,16 +64,19 @@ def run_scan(body: Callable[[Any, Any], tuple[Any, Any]], init: Any, xs: Any, *,
   `ScanCheckpointPolicy` included); values and gradients do not depend on it,
   only what is kept for the backward pass does. `split_transpose` is
   `lax.scan`'s experimental `_split_transpose` (not with nested remat).
+  Not the friendliest entry point for user code: the curried `scan` takes an
+  ``axis`` and checks ``remat`` when it is built.
 
   Raises:
     RematPolicyError: bad `remat`, or more nested blocks than steps.
     ScanLengthError: `xs` leaves or `length` disagree on the number of steps.
 
-  >>> import jax.numpy as jnp
-  >>> body = lambda c, x: (c + x, c)
-  >>> carry, ys = run_scan(body, 0.0, jnp.arange(4.0), remat="nested")
-  >>> float(carry), ys.tolist()
-  (6.0, [0.0, 0.0, 1.0, 3.0])
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> body = lambda c, x: (c + x, c)
+    >>> carry, ys = run_scan(body, 0.0, jnp.arange(4.0), remat="nested")
+    >>> float(carry), ys.tolist()
+    (6.0, [0.0, 0.0, 1.0, 3.0])
   """
   policy = resolve_remat(remat)
   steps = scan_length(xs, length)

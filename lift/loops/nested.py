@@ -40,7 +40,14 @@ class BlockPlan(NamedTuple):
   """How a nested loop splits its steps: the length of each outer block, in loop order.
 
   `plan_blocks` keeps k_{j-1} <= k_j + 1: the backward pass recomputes one
-  carry of block j-1 per step of block j it pulls back.
+  carry of block j-1 per step of block j it pulls back. Not something to
+  pass to a loop: ``nested=`` of a policy takes a block count; build a plan
+  (or call `plan_blocks`) to see what a split costs.
+
+  Examples:
+    >>> plan = BlockPlan((3, 2, 1))
+    >>> plan.blocks, plan.slots, plan.saved_carries
+    (3, 3, 2)
   """
   lengths: tuple[int, ...]
 
@@ -75,12 +82,14 @@ def plan_blocks(length: int, nested: bool | int) -> BlockPlan:
 
   `nested=True` picks the block count with the fewest saved carries (M with
   M(M+1)/2 >= N, about sqrt(2N)), then the most blocks (the fewest recomputed
-  steps). An int is the block count; it may not exceed `length`.
+  steps). An int is the block count; it may not exceed `length`. Not needed
+  to use nested remat (loops call it); call it to see what a split costs.
 
-  >>> plan_blocks(13, True)
-  BlockPlan(lengths=(3, 4, 3, 2, 1))
-  >>> plan_blocks(13, True).saved_carries
-  4
+  Examples:
+    >>> plan_blocks(13, True)
+    BlockPlan(lengths=(3, 4, 3, 2, 1))
+    >>> plan_blocks(13, True).saved_carries
+    4
   """
   if nested is True:
     candidates = [_plan(length, blocks)

@@ -28,7 +28,20 @@ Remat = Union[bool, str, "ScanCheckpointPolicy"]
 
 
 class OffloadFallbackWarning(UserWarning):
-  """An offloading policy runs on a backend without separate host memory."""
+  """An offloading policy runs on a backend without separate host memory.
+
+  The loop still runs, keeping on device what it would offload. It is a
+  warning, not an error: do not catch it to retry; filter it (e.g. in CPU
+  test runs) with `warnings.filterwarnings`.
+
+  Examples:
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...   warnings.simplefilter('always')
+    ...   policy = on_this_backend(resolve_remat('offload'))
+    >>> offload_supported() or caught[0].category is OffloadFallbackWarning
+    True
+  """
 
 
 def _names(field: str, value: Any, allowed: str) -> tuple[str, ...]:
@@ -42,6 +55,9 @@ def _names(field: str, value: Any, allowed: str) -> tuple[str, ...]:
 @dataclasses.dataclass(frozen=True)
 class ScanCheckpointPolicy:
   """What a loop keeps for the backward pass, and what it recomputes.
+
+  Not needed for the common cases: ``remat=True``, ``'nested'``,
+  ``'offload'`` and ``'save_all'`` name ready-made policies.
 
   Attributes:
     save_carries: where the carry entering each step is kept: True (device)
@@ -63,8 +79,9 @@ class ScanCheckpointPolicy:
       replaces the policy derived from the fields above, which must then
       keep their defaults.
 
-  >>> ScanCheckpointPolicy(save_block_internals=["attn"]).nested
-  False
+  Examples:
+    >>> ScanCheckpointPolicy(save_block_internals=["attn"]).nested
+    False
   """
   save_carries: bool | Literal["offload"] = True
   save_inputs: bool | Literal["offload"] = True
@@ -136,6 +153,7 @@ def resolve_remat(remat: Remat) -> ScanCheckpointPolicy | None:
   """Turns a `remat=` argument into a policy, or None for no checkpointing.
 
   Call it when a loop is built, so that a bad value fails before tracing.
+  Not needed before passing ``remat=`` to a loop of this project: each calls it.
 
   Args:
     remat: False, True (same as 'full'), 'full', 'nested', 'offload',
@@ -147,8 +165,9 @@ def resolve_remat(remat: Remat) -> ScanCheckpointPolicy | None:
   Raises:
     RematPolicyError: for any other value; the message lists the valid ones.
 
-  >>> resolve_remat("nested").nested
-  True
+  Examples:
+    >>> resolve_remat("nested").nested
+    True
   """
   if remat is False:
     return None
@@ -167,11 +186,13 @@ def checkpoint_name(tree: Any, name: str) -> Any:
 
   Non-array leaves are returned unchanged. A `ScanCheckpointPolicy` with
   `save_block_internals=[name]` then keeps these values instead of
-  recomputing them.
+  recomputing them. Not needed where no policy names it: the tag alone
+  changes nothing.
 
-  >>> import jax.numpy as jnp
-  >>> checkpoint_name({"h": jnp.ones(2)}, "h")["h"].shape
-  (2,)
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> checkpoint_name({"h": jnp.ones(2)}, "h")["h"].shape
+    (2,)
   """
   return jax.tree.map(
       lambda leaf: _jax_checkpoint_name(leaf, name) if isinstance(leaf, jax.Array) else leaf,

@@ -160,10 +160,12 @@ def stack_rows(trees: Sequence[Any]) -> Any:
 
   The same values as ``jax.tree.map(lambda *xs: jnp.stack(xs), *trees)``;
   its gradient splits into one kernel per leaf shape instead of one per row
-  (see the module docstring).
+  (see the module docstring). Not needed outside gradients of many rows:
+  `jnp.stack` gives the same values.
 
-  >>> stack_rows([{'w': jnp.zeros(3)}, {'w': jnp.ones(3)}])['w'].shape
-  (2, 3)
+  Examples:
+    >>> stack_rows([{'w': jnp.zeros(3)}, {'w': jnp.ones(3)}])['w'].shape
+    (2, 3)
   """
   if not trees:
     raise ValueError('stack_rows: no trees to stack; pass at least one.')
@@ -182,10 +184,11 @@ def unstack_rows(tree: Any) -> list[Any]:
   """The rows of a tree whose leaves share a leading axis: ``[row 0, row 1, ...]``.
 
   The inverse of `stack_rows`; every row of one leaf shape is read by the
-  same compiled kernel.
+  same compiled kernel. Not needed to read one row: index the leaves.
 
-  >>> [row['w'].tolist() for row in unstack_rows({'w': jnp.arange(2.0)})]
-  [0.0, 1.0]
+  Examples:
+    >>> [row['w'].tolist() for row in unstack_rows({'w': jnp.arange(2.0)})]
+    [0.0, 1.0]
   """
   leaves, treedef = jax.tree.flatten(tree)
   if not leaves:

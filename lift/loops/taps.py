@@ -187,6 +187,9 @@ def scan_taps(fn: Callable[..., Any], sequences: Any = (), outputs_info: Any = (
               go_backwards: bool = False, truncate_gradient: int = -1) -> Any:
   """PyTensor's `scan` with taps, as one differentiable `lax.scan`.
 
+  For porting PyTensor/Theano code and recurrences over several past steps.
+  Not needed for a loop that only looks one step back: `scan` is simpler.
+
   Args:
     fn: called once per step with the taps of every sequence (in the order of
       `sequences`, each in the order of its taps), then the taps of every
@@ -214,11 +217,12 @@ def scan_taps(fn: Callable[..., Any], sequences: Any = (), outputs_info: Any = (
     array for a single output, else a list. PyTensor's `updates` have no
     counterpart and are not returned.
 
-  >>> import jax.numpy as jnp
-  >>> fib = scan_taps(lambda a, b: a + b, n_steps=5,
-  ...                 outputs_info={'initial': jnp.array([0, 1]), 'taps': [-2, -1]})
-  >>> fib.tolist()
-  [1, 2, 3, 5, 8]
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> fib = scan_taps(lambda a, b: a + b, n_steps=5,
+    ...                 outputs_info={'initial': jnp.array([0, 1]), 'taps': [-2, -1]})
+    >>> fib.tolist()
+    [1, 2, 3, 5, 8]
   """
   outputs_info = list(outputs_info) if isinstance(outputs_info, (list, tuple)) else [outputs_info]
   sequences = [sequences] if not isinstance(sequences, (list, tuple)) else list(sequences)
