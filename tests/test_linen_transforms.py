@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import linen_ext as nn
 from linen_ext import errors
+from tests.helpers import assert_trees_close
 
 KEY = jax.random.key(0)
 X = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
@@ -325,7 +326,8 @@ def test_scan_carries_batch_stats_created_inside_at_init():
       return x
 
   y_unrolled, updated_unrolled = Unrolled().apply(variables, X, mutable=['batch_stats'])
-  assert_same((y, updated), (y_unrolled, updated_unrolled))
+  # A loop body and its unrolled copy round differently: 3 Dense + BatchNorm layers.
+  assert_trees_close((y, updated), (y_unrolled, updated_unrolled), depth=3)
 
 
 # -- misuse ---------------------------------------------------------------------------------
