@@ -209,6 +209,12 @@ def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
   rng_groups)`` rebuilds the scopes; ``repack_fn(scope_tree)`` returns the
   mutable variables as ``out_groups``, one group per out-filter.
 
+  What ``repack_fn`` returns is in the view ``fn``'s scopes saw: a variable
+  created inside is stored as created. A transform that changes variables on
+  the way in (transposes, rescales) must map ``out_groups`` back on the way
+  out, or its own ``apply`` reads what ``init`` stored in the other view;
+  `lift.map_variables` with ``init=True`` is that pattern ready-made.
+
   Use it to write a new lifted transform; not needed to use the ones `lift`
   ships (`vmap`, `scan`, `checkpoint`, ... are each a client of `pack`).
 

@@ -54,7 +54,8 @@ from linen_ext.variables_api import tuple_init, tuple_reduce
 from linen_ext.direct import (cond, custom_vjp, grad, jvp, switch, value_and_grad, vjp,
                               while_loop)
 from linen_ext.transforms import (add_metadata_axis, checkpoint, fold_rngs, jit,
-                                  map_variables, remat, remat_scan, scan, shard_map, vmap)
+                                  lift_transform, map_variables, remat, remat_scan, scan,
+                                  shard_map, vmap)
 from lift.scan import broadcast
 from lift.causal import causal_self_attention
 from linen_ext.stacks import BlockSeq, Stacked

@@ -206,7 +206,7 @@ def remat(target: Any, variables: Filter = True, rngs: Filter = True, concrete: 
 
   >>> RematBlock = remat(Block, static_argnums=(1,))   # def __call__(self, x, train)
   """
-  return transforms.lift_transform(_REMAT_STATIC, target, dict(
+  return transforms.apply_spec(_REMAT_STATIC, target, dict(
       variables=variables, rngs=rngs, concrete=concrete, prevent_cse=prevent_cse,
       static_argnums=tuple(i + 1 for i in static_argnums), policy=policy,
       static_argnames=()), methods)

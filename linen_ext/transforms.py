@@ -102,7 +102,7 @@ def _transform_class(spec: TransformSpec, target: Any, methods: Any, options: di
   return functools.partial(cls, *partial.args, **partial.keywords) if partial else cls
 
 
-# Transformed classes by (transform, class, options): ``nn.jit(Block)`` written inside a
+# Transformed classes by (transform spec, class, options): ``nn.jit(Block)`` written inside a
 # compact method gives the same class, hence the same compiled function, on every call.
 _CLASSES: collections.OrderedDict = collections.OrderedDict()
 _CLASSES_SIZE = 1024
@@ -117,7 +117,7 @@ def _freeze(value: Any) -> Any:
 
 
 def _cached_class(spec: TransformSpec, target: Any, methods: Any, options: dict):
-  key = (spec.name, target, _freeze(methods), _freeze(options))
+  key = (spec, target, _freeze(methods), _freeze(options))
   try:
     hash(key)
   except TypeError:
@@ -130,17 +130,77 @@ def _cached_class(spec: TransformSpec, target: Any, methods: Any, options: dict)
   return _CLASSES[key]
 
 
-def lift_transform(spec: TransformSpec, target: Target, options: dict,
-                   methods: Any = None) -> Target:
-  """Applies ``spec`` to a Module class (a new class) or a method (a decorated method).
-
-  >>> VmapMLP = lift_transform(VMAP, MLP, dict(variable_axes={'params': 0}, split_rngs={}))
-  """
+def apply_spec(spec: TransformSpec, target: Target, options: dict,
+               methods: Any = None) -> Target:
+  """Applies ``spec`` to a Module class (a new class) or a method (a decorated method)."""
   if isinstance(target, Module) or not callable(target):
     raise errors.TransformTargetError(spec.name, target)
   if is_module_class(target):
     return _cached_class(spec, target, methods, options)
   return _method(spec, wrap_method(target), options, None)
+
+
+class _BoundTransform(NamedTuple):
+  """A user's transform with its positional arguments; equal ones share a class."""
+  transform: Callable[..., Any]
+  args: tuple
+
+  def __call__(self, fn: Callable[..., Any], **kwargs) -> Callable[..., Any]:
+    return self.transform(fn, *self.args, **kwargs)
+
+
+def _class_prefix(name: str) -> str:
+  return ''.join(part[:1].upper() + part[1:] for part in name.split('_'))
+
+
+def lift_transform(transform: Callable[..., Any], target: Target, *trafo_args,
+                   methods: Any = None, **trafo_kwargs) -> Target:
+  """Applies a `lift`-level transform to a Module class or a method, as Flax's.
+
+  ``transform(fn, *trafo_args, **trafo_kwargs)`` is the transform as written
+  for scope functions (usually with `lift.pack`): it takes
+  ``fn(scope_tree, *args, **kwargs)`` and returns a function of the same
+  arguments. The module's scopes (its own, and those of modules it holds or is
+  given) arrive as one scope tree, which `lift.pack` handles.
+
+  Args:
+    transform: the scope-level transform; its ``__name__`` names the
+      transformed class (``lift_transpose`` on ``Dense`` is
+      ``LiftTransposeDense``); errors name it ``nn.lift_transform(lift_transpose)``.
+    target: a Module class (returns a subclass) or a method (returns the
+      decorated method; put it above ``@nn.compact``).
+    *trafo_args: positional arguments of ``transform`` after ``fn``.
+    methods: the methods of a class to transform (default ``__call__``), a
+      list of names or a dict of per-method keyword arguments.
+    **trafo_kwargs: keyword arguments of ``transform``.
+
+  Returns:
+    The transformed class or method. The same transform, class and arguments
+    give the same class, so writing it inside a compact method is cheap.
+
+  Examples:
+    >>> def lift_scale(fn, factor):
+    ...   def inner(scope_fn, repack_fn, variable_groups, rng_groups, *args):
+    ...     params, rest = variable_groups
+    ...     params = jax.tree_util.tree_map(lambda p: p * factor, params)
+    ...     scope = scope_fn((params, rest), rng_groups)
+    ...     return fn(scope, *args), repack_fn(scope)
+    ...   return lift.pack(inner, ('params', True), (lift.DenyList('params'),), (True,))
+    >>> Doubled = lift_transform(lift_scale, nn.Dense, 2.0)
+    >>> Doubled.__name__
+    'LiftScaleDense'
+    >>> x = jnp.ones((1, 3))
+    >>> variables = nn.Dense(2).init(jax.random.key(0), x)
+    >>> bool(jnp.allclose(Doubled(2).apply(variables, x), 2 * nn.Dense(2).apply(variables, x)))
+    True
+
+  Not for transforms `linen_ext` already has (``nn.vmap``, ``nn.scan``, ...):
+  those take Flax's options and validate them when the class is built.
+  """
+  name = fn_name(transform)
+  spec = TransformSpec(f'lift_transform({name})', _BoundTransform(transform, trafo_args),
+                       class_prefix=_class_prefix(name))
+  return apply_spec(spec, target, trafo_kwargs, methods)
 
 
 # -- argument adapters ---------------------------------------------------------------
@@ -217,7 +277,7 @@ def vmap(target: Target, variable_axes: Mapping[Filter, int | None] = {},  # noq
     >>> variables['params']['kernel'].shape   # one (4, 2) kernel per item
     (3, 4, 2)
   """
-  return lift_transform(VMAP, target, dict(
+  return apply_spec(VMAP, target, dict(
       variable_axes=variable_axes, split_rngs=split_rngs, in_axes=in_axes,
       out_axes=out_axes, axis_size=axis_size, axis_name=axis_name,
       spmd_axis_name=spmd_axis_name, metadata_params=metadata_params), methods)
@@ -247,7 +307,7 @@ def scan(target: Target, variable_axes: Mapping[Filter, int] = {},  # noqa: B006
     >>> ys.shape, variables['params']['Dense_0']['kernel'].shape   # weights shared by steps
     ((5, 2), (2, 2))
   """
-  return lift_transform(SCAN, target, dict(
+  return apply_spec(SCAN, target, dict(
       variable_axes=variable_axes, variable_broadcast=variable_broadcast,
       variable_carry=variable_carry, split_rngs=split_rngs, in_axes=in_axes,
       out_axes=out_axes, length=length, reverse=reverse, unroll=unroll,
@@ -270,7 +330,7 @@ def checkpoint(target: Target, variables: Filter = True, rngs: Filter = True,
     >>> jax.tree.map(jnp.shape, RematDense(2).init(jax.random.key(0), jnp.ones((1, 3))))
     {'params': {'bias': (2,), 'kernel': (3, 2)}}
   """
-  return lift_transform(CHECKPOINT, target, dict(
+  return apply_spec(CHECKPOINT, target, dict(
       variables=variables, rngs=rngs, concrete=concrete, prevent_cse=prevent_cse,
       static_argnums=static_argnums, policy=policy, static_argnames=static_argnames), methods)
 
@@ -294,7 +354,7 @@ def jit(target: Target, variables: Filter = True, rngs: Filter = True,
     >>> y.shape
     (1, 2)
   """
-  return lift_transform(JIT, target, dict(
+  return apply_spec(JIT, target, dict(
       variables=variables, rngs=rngs, static_argnums=static_argnums,
       static_argnames=static_argnames, donate_argnums=donate_argnums, device=device,
       backend=backend), methods)
@@ -320,7 +380,7 @@ def map_variables(target: Target, mapped_collections: Filter = True,
     >>> variables['params']['kernel'].shape   # stored transposed
     (2, 3)
   """
-  return lift_transform(MAP_VARIABLES, target, dict(
+  return apply_spec(MAP_VARIABLES, target, dict(
       mapped_collections=mapped_collections, trans_in_fn=trans_in_fn,
       trans_out_fn=trans_out_fn, init=init, mutable=mutable, rngs=rngs,
       variables=variables), methods)
@@ -346,7 +406,7 @@ def remat_scan(target: Target, lengths: Sequence[int] = (), policy: Callable[...
     >>> variables['params']['Dense_0']['kernel'].shape   # 2 x 3 layers
     (2, 3, 3, 3)
   """
-  return lift_transform(REMAT_SCAN, target, dict(
+  return apply_spec(REMAT_SCAN, target, dict(
       lengths=lengths, policy=policy, variable_broadcast=variable_broadcast,
       variable_carry=variable_carry, variable_axes=variable_axes, split_rngs=split_rngs,
       metadata_params=metadata_params), methods)
@@ -399,7 +459,7 @@ def fold_rngs(target: Target, variables: Filter = True, rngs: Filter = True,
     >>> nn.fold_rngs(Noise)().apply({}, rngs={'noise': jax.random.key(0)}).shape
     ()
   """
-  return lift_transform(FOLD_RNGS, target, dict(variables=variables, rngs=rngs), methods)
+  return apply_spec(FOLD_RNGS, target, dict(variables=variables, rngs=rngs), methods)
 
 
 def shard_map(target: Target, mesh: Any, in_specs: Any, out_specs: Any,
@@ -421,6 +481,6 @@ def shard_map(target: Target, mesh: Any, in_specs: Any, out_specs: Any,
     >>> y.shape
     (4, 2)
   """
-  return lift_transform(SHARD_MAP, target, dict(
+  return apply_spec(SHARD_MAP, target, dict(
       mesh=mesh, in_specs=in_specs, out_specs=out_specs, variable_specs=variable_specs,
       split_rngs=split_rngs, axis_names=axis_names, check_vma=check_vma), methods)

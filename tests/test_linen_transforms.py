@@ -15,6 +15,7 @@ import pytest
 from flax import serialization
 from jax.sharding import PartitionSpec as P
 
+import lift
 import linen_ext as nn
 from linen_ext import errors
 from tests.helpers import assert_trees_close
@@ -725,3 +726,64 @@ def test_functools_partial_of_a_compact_method_is_transformed_as_flax():
   variables = make(nn).init(jax.random.key(0), x)
   assert_same(variables, make(flax_nn).init(jax.random.key(0), x))
   assert_same(make(nn).apply(variables, x), make(flax_nn).apply(variables, x))
+
+
+# -- lift_transform: a user's scope-level transform on Modules -------------------------
+
+
+def lift_scale(fn, factor, collection='params'):
+  """Runs ``fn`` on ``factor`` times the variables of ``collection``."""
+  def inner(scope_fn, repack_fn, variable_groups, rng_groups, *args, **kwargs):
+    scaled, rest = variable_groups
+    scaled = jax.tree_util.tree_map(lambda v: v * factor, scaled)
+    scope = scope_fn((scaled, rest), rng_groups)
+    return fn(scope, *args, **kwargs), repack_fn(scope)
+  return lift.pack(inner, (collection, True), (nn.DenyList(collection),), (True,))
+
+
+def test_lift_transform_on_a_class_runs_the_transform_on_its_scopes():
+  Scaled = nn.lift_transform(lift_scale, nn.Dense, 3.0)
+  assert Scaled.__name__ == 'LiftScaleDense' and issubclass(Scaled, nn.Dense)
+  variables = nn.Dense(2).init(KEY, X)
+  kernel, bias = variables['params']['kernel'], variables['params']['bias']
+  np.testing.assert_allclose(Scaled(2).apply(variables, X), X @ (3 * kernel) + 3 * bias[None],
+                             rtol=1e-6)
+  # Its keyword arguments reach the transform: scaling another collection leaves params.
+  Unscaled = nn.lift_transform(lift_scale, nn.Dense, 3.0, collection='stats')
+  np.testing.assert_allclose(Unscaled(2).apply(variables, X), nn.Dense(2).apply(variables, X))
+
+
+def test_lift_transform_decorates_a_method_and_picks_methods_of_a_class():
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(2, name='head')(x)
+
+    @functools.partial(nn.lift_transform, lift_scale, factor=0.0)
+    @nn.compact
+    def zeroed(self, x):
+      return nn.Dense(2, name='head')(x)
+
+  variables = Model().init(KEY, X)
+  assert not np.any(Model().apply(variables, X, method='zeroed'))
+  assert np.any(Model().apply(variables, X))
+  Zeroed = nn.lift_transform(lift_scale, Model, 0.0, methods=['__call__'])
+  assert not np.any(Zeroed().apply(variables, X))
+
+
+def test_lift_transform_gives_one_class_per_transform_and_arguments():
+  assert nn.lift_transform(lift_scale, nn.Dense, 2.0) is nn.lift_transform(lift_scale, nn.Dense, 2.0)
+  assert nn.lift_transform(lift_scale, nn.Dense, 2.0) is not nn.lift_transform(lift_scale, nn.Dense, 5.0)
+
+  def other(fn, factor):  # another transform under the same name: never the cached class
+    return lift_scale(fn, -factor)
+  other.__name__ = 'lift_scale'
+  variables = nn.Dense(2).init(KEY, X)
+  mine = nn.lift_transform(lift_scale, nn.Dense, 2.0)(2).apply(variables, X)
+  theirs = nn.lift_transform(other, nn.Dense, 2.0)(2).apply(variables, X)
+  np.testing.assert_allclose(theirs, -mine, rtol=1e-6)
+
+
+def test_lift_transform_rejects_an_instance():
+  with pytest.raises(errors.TransformTargetError, match=r'nn\.lift_transform\(lift_scale\)'):
+    nn.lift_transform(lift_scale, nn.Dense(2), 2.0)
