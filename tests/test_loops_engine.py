@@ -282,6 +282,11 @@ def test_jax_policy_is_used_for_each_step():
       residual_shapes(lambda i, x: final(i, x, 'full'), init, xs)
   np.testing.assert_allclose(jax.grad(final)(init, xs, everything), jax.grad(final)(init, xs, False),
                              rtol=1e-6)
+  # A jax.checkpoint_policies policy is also taken as it is, as ScanCheckpointPolicy(jax_policy=).
+  assert loops.resolve_remat(jax.checkpoint_policies.dots_saveable) == \
+      loops.ScanCheckpointPolicy(jax_policy=jax.checkpoint_policies.dots_saveable)
+  assert residual_shapes(lambda i, x: final(i, x, jax.checkpoint_policies.nothing_saveable),
+                         init, xs) == residual_shapes(lambda i, x: final(i, x, nothing), init, xs)
 
 
 def test_nested_remat_body_reading_integer_and_bool_jit_arguments():

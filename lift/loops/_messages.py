@@ -3,7 +3,8 @@ from __future__ import annotations
 
 UNKNOWN_REMAT = (
     "remat={value!r} is not a checkpoint policy. Valid values: False, True, "
-    "{names}, or a ScanCheckpointPolicy(...). Each string names one fixed "
+    "{names}, a ScanCheckpointPolicy(...), or a jax.checkpoint_policies "
+    "policy. Each string names one fixed "
     "policy (see notes/0004-checkpoint-policies.md). Fix: pass one of them, "
     "e.g. remat='full' or remat=ScanCheckpointPolicy(nested=4).")
 

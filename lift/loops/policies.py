@@ -157,7 +157,8 @@ def resolve_remat(remat: Remat) -> ScanCheckpointPolicy | None:
 
   Args:
     remat: False, True (same as 'full'), 'full', 'nested', 'offload',
-      'save_all' or a `ScanCheckpointPolicy`.
+      'save_all', a `ScanCheckpointPolicy`, or a `jax.checkpoint_policies`
+      policy (as ``ScanCheckpointPolicy(jax_policy=policy)``).
 
   Returns:
     None for False, otherwise the policy.
@@ -177,6 +178,8 @@ def resolve_remat(remat: Remat) -> ScanCheckpointPolicy | None:
     return remat
   if isinstance(remat, str) and remat in REMAT_ALIASES:
     return REMAT_ALIASES[remat]
+  if callable(remat) and not isinstance(remat, str):  # a jax.checkpoint_policies policy
+    return ScanCheckpointPolicy(jax_policy=remat)
   names = ", ".join(repr(name) for name in REMAT_ALIASES)
   raise RematPolicyError(_messages.UNKNOWN_REMAT.format(value=remat, names=names))
 
