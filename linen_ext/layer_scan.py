@@ -59,7 +59,7 @@ from linen_ext.stack_layout import (LayerArgs, check_rows, check_same_code,
 from linen_ext.stacks import check_remat
 
 _NOT_LAYERS = (
-    'scan_layers: layers={value} is not a non-empty list of bound modules '
+    'scan_layers: layers={value} is not a list of bound modules '
     '({reason}). Fix: define them in setup, self.layers = [Block() for _ in '
     'range(n)], and call scan_layers(self.layers, x) from a method of that module.')
 _SHARED_LAYER = (
@@ -86,9 +86,9 @@ _FLAX_LAYER_DRAWS = (
 
 
 def _check_layers(layers: Any) -> tuple[Module, ...]:
-  if not isinstance(layers, Sequence) or not layers:
+  if not isinstance(layers, Sequence) or isinstance(layers, (str, bytes)):
     raise errors.LayerStackError(_NOT_LAYERS.format(value=one_line(layers),
-                                                    reason='empty or not a list'))
+                                                    reason='not a list'))
   for layer in layers:
     if not isinstance(layer, Module) or layer.scope is None:
       raise errors.LayerStackError(_NOT_LAYERS.format(
@@ -250,7 +250,7 @@ def scan_layers(layers: Sequence[Module], x: Any, *args, remat: Any = False, **k
   """Runs ``for layer in layers: x = layer(x, *args)`` as one loop over stacked variables.
 
   The layers (a list of equal submodules, e.g. ``self.layers = [Block() for _
-  in range(n)]`` in ``setup``) keep their per-layer variables (``layers_0``,
+  in range(n)]`` in ``setup``; an empty list returns ``x``) keep their per-layer variables (``layers_0``,
   ``layers_1``, ...); each call stacks them, traces layer 0's code once and
   writes what the layers create or update back to each layer. Values,
   gradients and rng draws are those of the Python loop; compile time no
@@ -293,9 +293,12 @@ def scan_layers(layers: Sequence[Module], x: Any, *args, remat: Any = False, **k
     (['layers_0', 'layers_1', 'layers_2'], (2, 3))
   """
   layers = _check_layers(layers)
-  check_remat(remat, len(layers))
   layer_args = split_layer_args(args, kwargs)
   check_rows(layer_args, len(layers), 'scan_layers')
+  if not layers:  # a loop over no layers returns its carry, as PyTorch/XLA's scan_layers
+    loops.resolve_remat(remat)
+    return x
+  check_remat(remat, len(layers))
   if layers[0].is_initializing():
     check_same_code(layers, 'scan_layers')
     return _unrolled(layers, layer_args, x)

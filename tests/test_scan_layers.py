@@ -210,6 +210,25 @@ def test_layers_with_different_code_are_refused():
     model.init(KEY, X)
 
 
+def test_no_layers_return_the_carry():
+  class Empty(nn.Module):
+    remat: object = 'nested'
+
+    def setup(self):
+      self.layers = []
+
+    def __call__(self, x):
+      return nn.scan_layers(self.layers, x, remat=self.remat)
+
+  variables = Empty().init(KEY, X)
+  assert not variables
+  np.testing.assert_array_equal(Empty().apply(variables, X), X)
+  with pytest.raises(RematPolicyError, match="remat='sometimes'"):
+    Empty(remat='sometimes').apply({}, X)
+  with pytest.raises(errors.LayerStackError, match='not a list'):
+    nn.scan_layers(Block(), X)
+
+
 def test_misuse_is_refused():
   class Shared(nn.Module):
     def setup(self):
