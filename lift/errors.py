@@ -134,6 +134,20 @@ class ParamShapeError(LiftError, flax_errors.ScopeParamShapeError):
     self.existing_shape, self.expected_shape = existing_shape, expected_shape
 
 
+class InitFnError(LiftError, TypeError):
+  """`param` or `variable` was given an initial value where it takes a function."""
+
+  def __init__(self, method, col, name, path, init_fn):
+    example = ("scope.param(name, jax.nn.initializers.zeros, shape)" if method == 'param'
+               else f"variable('{col}', '{name}', lambda: {init_fn!r})")
+    super().__init__(
+        f'{method}("{name}") in collection "{col}" at "{_path_text(path)}" was given '
+        f'{init_fn!r} ({type(init_fn).__name__}) as its init_fn, which is not callable: '
+        'the initial value is made by calling it. Fix: pass a function, e.g. '
+        f'{example}, or jnp.zeros and its shape as the arguments after it.')
+    self.collection, self.name, self.path = col, name, path
+
+
 class ImmutableCollectionError(LiftError, flax_errors.ModifyScopeVariableError):
   """A write to a variable whose collection is not mutable."""
 

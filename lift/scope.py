@@ -302,6 +302,8 @@ class Scope:
   def variable(self, col: str, name: str, init_fn: Callable[..., T] | None = None,
                *init_args, unbox: bool = True, **init_kwargs) -> Variable[T]:
     """Returns the variable, creating it with ``init_fn(*init_args)`` if absent."""
+    if init_fn is not None and not callable(init_fn):
+      raise errors.InitFnError('variable', col, name, self.path, init_fn)
     self.reserve(name, col)
     if not self.has_variable(col, name):
       if init_fn is not None:
@@ -319,6 +321,8 @@ class Scope:
 
     An existing parameter is checked against the shape ``init_fn`` would give.
     """
+    if not callable(init_fn):
+      raise errors.InitFnError('param', 'params', name, self.path, init_fn)
     self.reserve(name, 'params')
     if self.has_variable('params', name):
       value = self.get_variable('params', name)

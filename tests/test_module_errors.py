@@ -354,3 +354,26 @@ def test_hashing_a_bound_module_leads_with_flax_phrase():
 
   with pytest.raises(TypeError, match=r"^Can't call __hash__ on modules that hold variables: Hashes"):
     Hashes().apply({}, X)
+
+
+def test_a_value_where_an_init_function_belongs():
+  from lift.errors import InitFnError
+
+  class Counter(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      count = self.variable('stats', 'n', 0)
+      return x + count.value
+
+  with pytest.raises(InitFnError, match=r'variable\("n"\) in collection "stats" at "/".*'
+                                        r"0 \(int\).*Fix: pass a function, e\.g\. "
+                                        r"variable\('stats', 'n', lambda: 0\)"):
+    Counter().init(jax.random.key(0), jnp.ones(2))
+
+  class Weight(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return x * self.param('w', jnp.ones(2))
+
+  with pytest.raises(TypeError, match=r'param\("w"\) in collection "params" at "/".*not callable'):
+    Weight().init(jax.random.key(0), jnp.ones(2))
