@@ -209,11 +209,9 @@ def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
   rng_groups)`` rebuilds the scopes; ``repack_fn(scope_tree)`` returns the
   mutable variables as ``out_groups``, one group per out-filter.
 
-  What ``repack_fn`` returns is in the view ``fn``'s scopes saw: a variable
-  created inside is stored as created. A transform that changes variables on
-  the way in (transposes, rescales) must map ``out_groups`` back on the way
-  out, or its own ``apply`` reads what ``init`` stored in the other view;
-  `lift.map_variables` with ``init=True`` is that pattern ready-made.
+  ``repack_fn`` returns variables in the view ``fn`` saw: a transform that
+  maps them on the way in must map ``out_groups`` back, or its ``apply`` reads
+  another view than ``init`` stored (`lift.map_variables` with ``init=True``).
 
   Use it to write a new lifted transform; not needed to use the ones `lift`
   ships (`vmap`, `scan`, `checkpoint`, ... are each a client of `pack`).

@@ -472,9 +472,7 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
     out_axes: axis of each ``ys`` leaf; ``lift.broadcast`` (or None) returns
       an output computed once (it must not depend on the loop).
     length: number of steps; inferred from the scanned inputs and variables.
-    reverse: as ``lax.scan``.
-    unroll: as ``lax.scan``.
-    _split_transpose: as ``lax.scan``'s.
+    reverse, unroll, _split_transpose: as ``lax.scan``'s.
     data_transform: ``(variable_groups, rng_groups) -> (variable_groups,
       rng_groups)`` applied inside each step before the scope is rebuilt.
     metadata_params: passed to the ``AxisMetadata`` boxes of scanned collections.

@@ -249,20 +249,17 @@ def _unrolled(layers: tuple[Module, ...], layer_args: LayerArgs, x: Any) -> Any:
 def scan_layers(layers: Sequence[Module], x: Any, *args, remat: Any = False, **kwargs) -> Any:
   """Runs ``for layer in layers: x = layer(x, *args)`` as one loop over stacked variables.
 
-  The layers (a list of equal submodules, e.g. ``self.layers = [Block() for _
-  in range(n)]`` in ``setup``; an empty list returns ``x``) keep their per-layer variables (``layers_0``,
-  ``layers_1``, ...); each call stacks them, traces layer 0's code once and
-  writes what the layers create or update back to each layer. Values,
-  gradients and rng draws are those of the Python loop; compile time no
-  longer grows with the depth. Under ``init`` the Python loop runs (the
-  variables do not exist yet), giving exactly its values.
+  The layers (equal submodules, ``self.layers = [Block() for _ in range(n)]``
+  in ``setup``; none returns ``x``) keep their variables (``layers_0``, ...);
+  each call stacks them, traces layer 0 once and writes back what the layers
+  create or update. Values, gradients and rng draws are the Python loop's;
+  compile time no longer grows with depth. ``init`` runs the Python loop.
 
   Args:
     layers: the bound submodules, all of one class with equal fields and
       variables of equal names, shapes and dtypes.
     x: the carry; each layer returns the next one (same shapes).
-    *args (Any): go whole to every layer, except `per_layer` values (row i
-      to layer i).
+    *args (Any): go whole to every layer; `per_layer` values row by row.
     **kwargs (Any): as ``*args``.
     remat: checkpoint policy of each layer, as `lift.loops.run_scan`.
 
