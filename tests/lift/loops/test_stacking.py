@@ -8,7 +8,7 @@ import pytest
 
 from lift.loops import stack_rows, unstack_rows
 
-from tests.scope_models import assert_trees_close
+from tests.helpers import assert_trees_close
 
 
 def _rows(n=4):

@@ -11,7 +11,7 @@ from jax import lax
 
 import lift
 from lift import errors
-from tests.scope_models import counter, dense
+from tests.helpers import counter, dense
 
 KEY = jax.random.key(0)
 C0 = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)

@@ -12,7 +12,7 @@ from lift import errors
 from lift._jit_rngs import static_hash
 from lift.rng import fold_in_static
 
-from tests.scope_models import assert_trees_close, counter, dense
+from tests.helpers import assert_trees_close, counter, dense
 
 X = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
 RNGS = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}

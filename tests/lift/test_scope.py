@@ -8,7 +8,7 @@ import pytest
 import lift
 from lift import errors
 
-from tests.scope_models import dense, mlp
+from tests.helpers import dense, mlp
 
 
 def assert_trees_equal(a, b):

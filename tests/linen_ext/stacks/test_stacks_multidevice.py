@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import linen_ext as nn
-from tests.eight_devices import run_in_child
+from tests.helpers import run_in_child
 
 MARK = 'STACKS_ON_8_DEVICES_OK'
 DEPTH = 4
@@ -103,5 +103,5 @@ def run_check():
 
 
 def test_stacks_train_sharded_as_on_one_device():
-  proc = run_in_child('test_stacks_multidevice.run_check')
+  proc = run_in_child('linen_ext.stacks.test_stacks_multidevice.run_check')
   assert MARK in proc.stdout, f'rc={proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}'

@@ -8,7 +8,7 @@ import lift
 from lift import errors
 from lift.pack import PackSpec, commit, dedup_scopes, filter_groups, repack
 
-from tests.scope_models import counter, dense
+from tests.helpers import counter, dense
 
 
 def lift_transpose(fn, target='params', variables=True, rngs=True):

@@ -9,7 +9,7 @@ from flax.core import apply as flax_apply, lift as flax_lift
 import lift
 from lift import errors
 
-from tests.scope_models import assert_trees_close, counter, dense
+from tests.helpers import assert_trees_close, counter, dense
 
 X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
 RNGS = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}

@@ -10,7 +10,7 @@ import lift
 import linen_ext as nn
 from lift import errors
 
-from tests.scope_models import assert_trees_close, counter, dense, mlp
+from tests.helpers import assert_trees_close, counter, dense, mlp
 
 X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
 KEY = jax.random.key(0)

@@ -11,7 +11,7 @@ import lift
 from lift import errors
 from lift.rng import fold_in_static
 
-from tests.scope_models import assert_trees_close, counter, dense
+from tests.helpers import assert_trees_close, counter, dense
 
 X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
 RNGS = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}

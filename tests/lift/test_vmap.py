@@ -9,7 +9,7 @@ from flax.core import meta
 
 import lift
 from lift import errors
-from tests.scope_models import counter, dense, mlp
+from tests.helpers import counter, dense, mlp
 
 KEY = jax.random.key(0)
 XS = jnp.linspace(-1.0, 1.0, 15).reshape(3, 5)

@@ -9,7 +9,7 @@ from flax.core import apply as flax_apply, init as flax_init, lift as flax_lift
 import lift
 from lift import errors
 
-from tests.scope_models import assert_trees_close, counter
+from tests.helpers import assert_trees_close, counter
 
 X = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
 RNGS = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}

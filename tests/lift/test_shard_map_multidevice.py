@@ -17,8 +17,8 @@ from jax.sharding import PartitionSpec as P
 import lift
 from lift import errors
 from lift.rng import fold_in_static
-from tests.eight_devices import run_in_child
-from tests.scope_models import counter
+from tests.helpers import run_in_child
+from tests.helpers import counter
 
 CHECKS = {}
 RESULT_MARK = 'SHARD_MAP_RESULTS='
@@ -187,7 +187,7 @@ def run_checks():
 
 @pytest.fixture(scope='module')
 def results():
-  proc = run_in_child('test_shard_map_multidevice.run_checks')
+  proc = run_in_child('lift.test_shard_map_multidevice.run_checks')
   lines = [l for l in proc.stdout.splitlines() if l.startswith(RESULT_MARK)]
   assert lines, f'child failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}'
   return json.loads(lines[-1][len(RESULT_MARK):])

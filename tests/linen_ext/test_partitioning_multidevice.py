@@ -12,8 +12,8 @@ from flax.linen import partitioning as flax_partitioning
 
 import linen_ext as nn
 from linen_ext import partitioning
-from tests.eight_devices import run_in_child
-from tests.test_partitioning import RULES, X, models
+from tests.helpers import run_in_child
+from tests.linen_ext.test_partitioning import RULES, X, models
 
 MARK = 'PARTITIONING_OK'
 
@@ -42,5 +42,5 @@ def run_check():
 
 
 def test_logical_constraints_shard_as_flax_on_8_devices():
-  proc = run_in_child('test_partitioning_multidevice.run_check')
+  proc = run_in_child('linen_ext.test_partitioning_multidevice.run_check')
   assert MARK in proc.stdout, f'rc={proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}'
