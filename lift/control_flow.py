@@ -15,11 +15,11 @@ import jax
 from jax import lax
 
 from lift import errors
-from lift._counters import Chained, SharedStart
+from lift.rng_counters import Chained, SharedStart
 from lift.filters import Filter
 from lift.pack import pack
 from lift.scope import Scope
-from lift.vmap import check_split_rngs
+from lift.axes import check_split_rngs
 
 C = TypeVar('C')
 

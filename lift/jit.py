@@ -11,7 +11,7 @@ changes from call to call and SHA-1 cannot run on a traced value. So the
 compiled function takes the hashes as an array, and its streams hand them out
 in order as ``fold_in(key, hash)``:
 
-The streams and the hashing live in `lift._jit_rngs`.
+The streams and the hashing live in `lift.jit_keys`.
 
 1. :func:`_trace_first` traces (``jax.jit(...).trace``, no compilation) the
    first call of a structure with zeroed counters and a placeholder hash
@@ -46,9 +46,9 @@ import jax
 import numpy as np
 
 from lift import errors
-from lift._counters import (CountSnapshot, EMPTY, advance, counter_roots, frozen, measured,
+from lift.rng_counters import (CountSnapshot, EMPTY, advance, counter_roots, frozen, measured,
                             snapshot, zeroed)
-from lift._jit_rngs import (ConcreteKeysNeeded, Draw, Tape, draw_hashes, has_tape_streams,
+from lift.jit_keys import (ConcreteKeysNeeded, Draw, Tape, draw_hashes, has_tape_streams,
                             tape_streams)
 from lift.checkpoint import check_argnames, check_argnums, check_in_range
 from lift.filters import DenyList, Filter, validate_filter

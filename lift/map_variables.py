@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from lift import _counters
+from lift import rng_counters
 from lift.filters import (Filter, intersect_filters, is_filter_empty, subtract_filters,
                           validate_filter)
 from lift.pack import pack
@@ -38,7 +38,7 @@ def _mapped_mutable(scope_tree: Any, mapped: Filter) -> bool:
 
 
 def _init_pass(fn, config: _MapConfig, scope_fn, repack_fn, groups, rng_groups, args, kwargs,
-               passes: _counters.SharedStart):
+               passes: rng_counters.SharedStart):
   """Runs ``fn`` once on the stored form so it can create mapped variables.
 
   ``map_out_fn`` sees every mapped collection: the mutable ones as the pass left
@@ -59,7 +59,7 @@ def _map_groups(fn, config: _MapConfig, scope_fn, repack_fn, variable_groups, rn
                 *args, **kwargs):
   # Both passes draw from the same counters (the keys of untransformed code), which
   # end where the one that drew more left them, so later keys are fresh either way.
-  passes = _counters.SharedStart()
+  passes = rng_counters.SharedStart()
   target, rest = variable_groups
   if config.init:
     target = _init_pass(fn, config, scope_fn, repack_fn, variable_groups, rng_groups, args,

@@ -14,7 +14,7 @@ from flax.core import meta
 from lift import errors, loops
 from lift.filters import Filter
 from lift.scan import build_scan, ScanConfig
-from lift.vmap import VariableAxes, check_split_rngs, check_variable_axes
+from lift.axes import VariableAxes, check_split_rngs, check_variable_axes
 
 _BAD_LENGTHS = (
     'remat_scan: lengths={lengths!r} is not a non-empty sequence of positive '

@@ -30,13 +30,13 @@ import jax.numpy as jnp
 import numpy as np
 from lift._compat import Var
 
-from lift import _compat, _counters, errors, loops
+from lift import _compat, errors, loops, rng_counters
 from lift.filters import Filter, in_filter
 from lift.metadata import add_group_axes, move_axis, remove_group_axes
 from lift.pack import pack
 from lift.rng import RngCounters
 from lift.scope import Scope
-from lift.vmap import (MappedLeaf, VariableAxes, check_axis_leaves, check_size,
+from lift.axes import (MappedLeaf, VariableAxes, check_axis_leaves, check_size,
                        check_split_rngs, check_variable_axes, infer_axis_size,
                        leaf_axes, leaf_axis_size, mapped_arguments,
                        mapped_variables, path_text, split_rng_groups)
@@ -146,25 +146,25 @@ class _CounterReplay:
   def __init__(self, draw_once: Filter = False):
     self.draw_once = draw_once
     self.nodes: list[RngCounters] = []
-    self.before: list[_counters.CountSnapshot] = []
-    self.saved: list[_counters.CountSnapshot] | None = None
+    self.before: list[rng_counters.CountSnapshot] = []
+    self.saved: list[rng_counters.CountSnapshot] | None = None
 
   def enter(self, scope_tree: Any):
     if self.saved is None:
-      self.nodes = _counters.counter_roots(scope_tree)
-      self.before = [_counters.snapshot(node) for node in self.nodes]
+      self.nodes = rng_counters.counter_roots(scope_tree)
+      self.before = [rng_counters.snapshot(node) for node in self.nodes]
       return
     for node, snap in zip(self.nodes, self.saved):
-      _counters.restore(node, snap)
+      rng_counters.restore(node, snap)
 
   def save(self):
     once = functools.partial(in_filter, self.draw_once)
-    self.saved = [_counters.per_stream(before, _counters.snapshot(node), once)
+    self.saved = [rng_counters.per_stream(before, rng_counters.snapshot(node), once)
                   for before, node in zip(self.before, self.nodes)]
 
   def replays_first(self) -> bool:
     """Whether a later trace draws exactly the keys of the first one."""
-    return all(_counters.frozen(a) == _counters.frozen(b) for a, b in zip(self.saved, self.before))
+    return all(rng_counters.frozen(a) == rng_counters.frozen(b) for a, b in zip(self.saved, self.before))
 
 
 # -- one step ----------------------------------------------------------------------

@@ -62,6 +62,6 @@ from linen_ext.stacks import BlockSeq, Stacked
 from linen_ext.stack_layout import layers_to_stacked, per_layer, stacked_to_layers
 from linen_ext.layer_scan import scan_layers
 from linen_ext.decoding import as_scan
-from lift import _compat
+from lift import tracing
 
-_compat.hide_from_tracebacks(__file__)
+tracing.hide_from_tracebacks(__file__)

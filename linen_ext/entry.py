@@ -16,12 +16,12 @@ from typing import Any
 import jax
 
 import lift
-from lift import _compat
+from lift import tracing
 from lift import errors as lift_errors
 from lift.filters import DenyList, Filter, union_filters
 from lift.rng import is_prng_key
 
-from linen_ext import errors
+from linen_ext import errors, summary
 from linen_ext._state import context
 from linen_ext.module_repr import short_str
 
@@ -211,7 +211,7 @@ def _lazy(fn: Callable[..., Any]) -> Callable[..., Any]:
       return out
 
     debug = jax.api_util.debug_info('lazy_init', fn, args, kwargs)
-    outs = _compat.evaluate_known(flat_fn, [leaf for _, leaf in leaves], debug)
+    outs = tracing.evaluate_known(flat_fn, [leaf for _, leaf in leaves], debug)
     if outs is None:
       holes = [_argument_name(path) for path, leaf in leaves
                if isinstance(leaf, jax.ShapeDtypeStruct)]
@@ -332,8 +332,7 @@ class EntryMixin:
       >>> 'Total Parameters: 8' in table   # print(table) to read it
       True
     """
-    from linen_ext.summary import module_table  # summary runs init: import it when used
-    return module_table(self, rngs, *args, **kwargs)
+    return summary.module_table(self, rngs, *args, **kwargs)
 
   def module_paths(self, rngs: Any, *args, **kwargs) -> dict[str, Any]:
     """``{path: unbound module}`` of the modules ``init`` calls (``''`` is this one), as Flax's.
@@ -347,5 +346,4 @@ class EntryMixin:
       >>> sorted(paths), paths['Dense_1'].features
       (['', 'Dense_0', 'Dense_1'], 4)
     """
-    from linen_ext.summary import module_paths
-    return module_paths(self, rngs, *args, **kwargs)
+    return summary.module_paths(self, rngs, *args, **kwargs)

@@ -34,14 +34,14 @@ import dataclasses
 import functools
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.core
 import flax.errors
 import flax.linen as flax_nn
 
-from lift._counters import total
-from lift._jit_rngs import has_tape_streams, require_concrete
+from lift.rng_counters import total
+from lift.jit_keys import has_tape_streams, require_concrete
 from lift.errors import (ImmutableCollectionError, LiftError, MissingCollectionError,
                          MissingParamError, MissingVariableError)
 from lift.filters import DenyList, Filter, union_filters
@@ -103,6 +103,7 @@ class _Built:
 class _Group(flax_nn.Module):
   """Sits at the caller's path: binds the target and the submodules built with it there,
   as flax binds modules constructed in a ``compact`` method (``LSTMCell_0`` beside ``RNN_0``)."""
+  _summary_role: ClassVar[str] = 'scaffolding'  # no row in `tabulate`
 
   @flax_nn.compact
   def __call__(self, call: FlaxCall):
@@ -126,6 +127,7 @@ def _run_counted(flax_scope: Any, call: FlaxCall, run) -> Any:
 
 class _Path(flax_nn.Module):
   """One level of the path from the flax root down to the group."""
+  _summary_role: ClassVar[str] = 'scaffolding'  # no row in `tabulate`
   names: tuple[str, ...]
 
   @flax_nn.compact
@@ -403,6 +405,7 @@ class FlaxModule(Module):
   """
   module: flax_nn.Module
   siblings: tuple['FlaxModule', ...] = ()
+  _summary_role: ClassVar[str] = 'flax'
 
   @nowrap
   def autoname_prefix(self) -> str:

@@ -43,8 +43,8 @@ import numpy as np
 
 from lift import errors as lift_errors
 from lift import loops
-from lift._counters import advance, zeroed
-from lift._jit_rngs import (ConcreteKeysNeeded, Tape, draw_hashes, require_concrete,
+from lift.rng_counters import advance, zeroed
+from lift.jit_keys import (ConcreteKeysNeeded, Tape, draw_hashes, require_concrete,
                              tape_streams)
 from lift.loops.stacking import stack_rows, unstack_rows
 from lift.pack import pack

@@ -53,6 +53,7 @@ class FlaxLayer(Module):
     {'params': {'bias': (2,), 'kernel': (3, 2)}}
   """
   flax_class: ClassVar[type]
+  _summary_role: ClassVar[str] = 'row_over_flax'
 
   def __init_subclass__(cls, **kwargs):
     if 'flax_class' in cls.__dict__:

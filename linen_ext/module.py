@@ -27,7 +27,7 @@ import itertools
 import typing
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import jax
 from flax import config as flax_config
@@ -122,6 +122,10 @@ class Module(VariablesMixin, EntryMixin):
   scope: Scope | None = None
   _state: ModuleState = UNINITIALIZED
   _compact_name_scope_methods: tuple[str, ...] = ()  # set per subclass
+  # How `tabulate` shows this module's calls, a hook like `_capture` and `_named_scope`:
+  # 'row' (a row of its own), 'flax' (none: the flax module it runs reports itself) or
+  # 'row_over_flax' (its row, in place of the row of the flax layer it runs).
+  _summary_role: ClassVar[str] = 'row'
 
   def __init_subclass__(cls, kw_only: bool = False, **kwargs):
     super().__init_subclass__(**kwargs)

@@ -29,9 +29,7 @@ from flax.core import meta
 
 from lift.filters import DenyList
 from lift.rng import is_prng_key
-from linen_ext.flax_adapter import FlaxModule
 from linen_ext.interception import intercept_methods
-from linen_ext.layers import FlaxLayer
 
 
 class Call(NamedTuple):
@@ -64,15 +62,15 @@ def _recorded(module: Any, rngs: Any, args: tuple, kwargs: dict, mutable: Any):
 
   def recorder(next_fun, call_args, call_kwargs, context):
     module, path = context.module, tuple(context.module.path)
-    skip = isinstance(module, FlaxModule) or (  # flax reports the module it wraps
-        isinstance(module, flax_nn.Module) and (
-            type(module).__module__ == 'linen_ext.flax_adapter'  # scaffolding, not a layer
-            or (wrapped and wrapped[-1] == (path, context.method_name))))  # its wrapper's row
+    role = getattr(module, '_summary_role', 'row')  # a Module hook, see Module._summary_role
+    skip = role in ('flax', 'scaffolding') or (
+        isinstance(module, flax_nn.Module) and wrapped
+        and wrapped[-1] == (path, context.method_name))  # the flax layer under its wrapper's row
     if skip:
       return next_fun(*call_args, **call_kwargs)
     index = len(calls)
     calls.append(None)
-    wrapped.append((path, context.method_name) if isinstance(module, FlaxLayer) else None)
+    wrapped.append((path, context.method_name) if role == 'row_over_flax' else None)
     try:
       y = next_fun(*call_args, **call_kwargs)
     finally:

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from lift import errors
-from lift._counters import count_at
+from lift.rng_counters import count_at
 from lift.rng import Foldable, RngStream
 
 _REPLAY_MISMATCH = (
