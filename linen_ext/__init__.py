@@ -28,40 +28,34 @@ from flax.linen import (avg_pool, combine_masks, dot_product_attention,
                         pool, zeros, zeros_init)
 from flax.linen import activation, dtypes, fp8_ops, meta, pooling, spmd
 
+from lift import tracing
+from lift.causal import causal_self_attention
 from lift.filters import DenyList
+from lift.scan import broadcast
 from lift.scope import Scope, Variable
 
-from linen_ext import attention, errors, linear, partitioning, stochastic
-from linen_ext.entry import apply, capture_call_intermediates, init, init_with_output
-from linen_ext.flax_adapter import FlaxModule, from_flax
-from linen_ext.layers import (BatchNorm, Conv, ConvLocal, ConvLSTMCell, ConvTranspose,
-                              Dense, DenseGeneral, Dropout, Einsum, Embed, FlaxLayer,
-                              Fp8DirectDotGeneralOp, Fp8DotGeneral, Fp8DotGeneralOp,
-                              Fp8Einsum, GroupNorm, GRUCell, InstanceNorm, LayerNorm,
-                              LSTMCell, MGUCell, MultiHeadAttention,
+from linen_ext import (attention, errors, linear, module, normalization, partitioning,
+                       recurrent, stochastic, transforms)
+from linen_ext.layers import (RNN, BatchNorm, Bidirectional, Conv, ConvLocal, ConvLSTMCell,
+                              ConvTranspose, Dense, DenseGeneral, Dropout, Einsum, Embed,
+                              FlaxLayer, FlaxModule, Fp8DirectDotGeneralOp, Fp8DotGeneral,
+                              Fp8DotGeneralOp, Fp8Einsum, GroupNorm, GRUCell, InstanceNorm,
+                              LayerNorm, LSTMCell, MGUCell, MultiHeadAttention,
                               MultiHeadDotProductAttention, NANOOFp8DotGeneralOp,
-                              OptimizedLSTMCell, PReLU, RMSNorm, SelfAttention, Sequential,
-                              SimpleCell)
-from linen_ext.method_wrapping import compact, compact_name_scope, nowrap
-from linen_ext.module import Module
-from linen_ext.share_scope import share_scope
-from linen_ext.interception import InterceptorContext, intercept_methods
-from linen_ext.named_call import disable_named_call, enable_named_call, override_named_call
-from linen_ext.normalization import SpectralNorm, WeightNorm
+                              OptimizedLSTMCell, PReLU, RMSNorm, RNNCellBase, SelfAttention,
+                              Sequential, SimpleCell, SpectralNorm, WeightNorm, flip_sequences,
+                              from_flax)
+from linen_ext.module import (InterceptorContext, Module, apply, compact, compact_name_scope,
+                              init, init_with_output, intercept_methods, nowrap, share_scope)
+from linen_ext.module.init_apply import capture_call_intermediates
+from linen_ext.module.named_call import disable_named_call, enable_named_call, override_named_call
+from linen_ext.module.variables import tuple_init, tuple_reduce
+from linen_ext.stacks import (BlockSeq, Stacked, layers_to_stacked, per_layer, scan_layers,
+                              stacked_to_layers)
 from linen_ext.summary import tabulate
-from linen_ext.recurrent import RNN, Bidirectional, RNNCellBase, flip_sequences
-from linen_ext.variables_api import tuple_init, tuple_reduce
-from linen_ext.direct import (cond, custom_vjp, grad, jvp, switch, value_and_grad, vjp,
-                              while_loop)
-from linen_ext.transforms import (add_metadata_axis, checkpoint, fold_rngs, jit,
-                                  lift_transform, map_variables, remat, remat_scan, scan,
-                                  shard_map, vmap)
-from lift.scan import broadcast
-from lift.causal import causal_self_attention
-from linen_ext.stacks import BlockSeq, Stacked
-from linen_ext.stack_layout import layers_to_stacked, per_layer, stacked_to_layers
-from linen_ext.layer_scan import scan_layers
-from linen_ext.decoding import as_scan
-from lift import tracing
+from linen_ext.transforms import (add_metadata_axis, as_scan, checkpoint, cond, custom_vjp,
+                                  fold_rngs, grad, jit, jvp, lift_transform, map_variables,
+                                  remat, remat_scan, scan, shard_map, switch, value_and_grad,
+                                  vjp, vmap, while_loop)
 
 tracing.hide_from_tracebacks(__file__)

@@ -11,7 +11,7 @@ from flax import errors as flax_errors
 
 from lift.errors import LiftError
 
-from linen_ext.module_repr import one_line, short_str
+from linen_ext.describe import one_line, short_str
 
 
 class ModuleError(LiftError):

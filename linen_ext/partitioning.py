@@ -29,8 +29,10 @@ from flax.linen.partitioning import (AxisMetadata, RulesFallback, ScanIn, ScanOu
 from lift.filters import Filter, union_filters
 from lift.scope import Variable
 
-from linen_ext import errors, transforms
-from linen_ext._state import context
+from linen_ext import errors
+
+from linen_ext.transforms import module_transforms as transforms
+from linen_ext.module.state import context
 
 __all__ = ['AxisMetadata', 'PartitionedVariable', 'RulesFallback', 'ScanIn', 'ScanOut',
            'axis_rules', 'get_axis_names', 'get_axis_rules', 'logical_to_mesh',

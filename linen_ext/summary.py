@@ -29,7 +29,7 @@ from flax.core import meta
 
 from lift.filters import DenyList
 from lift.rng import is_prng_key
-from linen_ext.interception import intercept_methods
+from linen_ext.module.interception import intercept_methods
 
 
 class Call(NamedTuple):

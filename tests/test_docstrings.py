@@ -109,7 +109,7 @@ def test_the_collection_finds_the_packages_names():
   assert len(OURS) > 100 and ('linen_ext.Stacked', linen_ext.Stacked) in OURS
   assert ('linen_ext.relu', linen_ext.relu) in PUBLIC and not is_ours(linen_ext.relu)
   assert {'lift.errors', 'lift.loops', 'linen_ext.linear'} <= set(namespace_modules())
-  assert 'linen_ext.entry.EntryMixin.apply' in dict(METHODS)
+  assert 'linen_ext.module.init_apply.EntryMixin.apply' in dict(METHODS)
 
 
 @pytest.mark.parametrize('path,obj', OURS, ids=[path for path, _ in OURS])

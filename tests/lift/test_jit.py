@@ -9,7 +9,7 @@ from flax.core import apply as flax_apply, init as flax_init, lift as flax_lift
 
 import lift
 from lift import errors
-from lift._jit_rngs import static_hash
+from lift.jit_keys import static_hash
 from lift.rng import fold_in_static
 
 from tests.helpers import assert_trees_close, counter, dense

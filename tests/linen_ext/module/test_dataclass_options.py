@@ -14,7 +14,7 @@ import pytest
 
 import linen_ext as nn
 from linen_ext import errors
-from linen_ext.module import UNSPECIFIED
+from linen_ext.module.core import UNSPECIFIED
 from tests.linen_ext.module.test_module import assert_same_tree
 
 KEY = jax.random.key(0)

@@ -23,7 +23,7 @@ import numpy as np
 from lift.metadata import add_axis, remove_axis
 
 from linen_ext import errors
-from linen_ext.module import Module
+from linen_ext.module.core import Module
 
 _VARIABLE_MISMATCH = (
     '{what}: layer {index} does not match layer 0: variable {path} is {seen} '

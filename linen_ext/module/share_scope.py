@@ -4,7 +4,7 @@ from __future__ import annotations
 from lift.scope import Scope
 
 from linen_ext import errors
-from linen_ext.module import Module, _children
+from linen_ext.module.core import Module, _children
 
 
 def share_scope(module: Module, other: Module, /) -> None:

@@ -22,8 +22,8 @@ from lift.filters import DenyList, Filter, union_filters
 from lift.rng import is_prng_key
 
 from linen_ext import errors, summary
-from linen_ext._state import context
-from linen_ext.module_repr import short_str
+from linen_ext.module.state import context
+from linen_ext.describe import short_str
 
 CaptureFilter = bool | Callable[[Any, str], bool]
 

@@ -32,10 +32,10 @@ from lift import loops
 from lift.loops.policies import CARRY_NAME, INPUT_NAME, on_this_backend, step_policy
 
 from linen_ext import errors
-from linen_ext.lifting import call_lifted, is_module_class
-from linen_ext.module import Module
-from linen_ext.module_repr import one_line
-from linen_ext.stack_layout import (LayerArgs, check_rows, layer_name, row,
+from linen_ext.transforms.lifting import call_lifted, is_module_class
+from linen_ext.module.core import Module
+from linen_ext.describe import one_line
+from linen_ext.stacks.layout import (LayerArgs, check_rows, layer_name, row,
                                     split_layer_args, stack_trees, stacked_to_layers)
 
 _BAD_BLOCK = (

@@ -25,9 +25,9 @@ from lift.shard_map import shard_map as lift_shard_map
 from lift.vmap import vmap as lift_vmap
 
 from linen_ext import errors
-from linen_ext.lifting import (Build, cached_lifted, call_lifted, forked_rngs,
+from linen_ext.transforms.lifting import (Build, cached_lifted, call_lifted, forked_rngs,
                                is_module_class, mark_wrapped, positional_parameters)
-from linen_ext.module import Module, fn_name, wrap_method
+from linen_ext.module.core import Module, fn_name, wrap_method
 
 Target = TypeVar('Target')
 

@@ -14,7 +14,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from linen_ext._state import context
+from linen_ext.module.state import context
 
 Interceptor = Callable[[Callable[..., Any], tuple, dict, 'InterceptorContext'], Any]
 

@@ -35,8 +35,8 @@ from lift.rng import RngStream
 from lift.scope import Scope, Variable
 
 from linen_ext import errors
-from linen_ext._state import ModuleState, context
-from linen_ext.module import Module, fn_name, map_modules
+from linen_ext.module.state import ModuleState, context
+from linen_ext.module.core import Module, fn_name, map_modules
 
 Build = Callable[[Callable[..., Any]], Callable[..., Any]]
 

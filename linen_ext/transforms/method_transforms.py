@@ -25,8 +25,8 @@ from lift.control_flow import while_loop as lift_while_loop
 from lift.filters import Filter
 
 from linen_ext import errors
-from linen_ext.lifting import Collected, collect_scopes, mark_wrapped, scope_function
-from linen_ext.module import Module, wrap_method
+from linen_ext.transforms.lifting import Collected, collect_scopes, mark_wrapped, scope_function
+from linen_ext.module.core import Module, wrap_method
 
 
 def _unbound(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -36,13 +36,15 @@ from flax.linen.module import merge_param as merge_param  # noqa: F401 (nn.modul
 
 from lift.scope import Scope
 
-from linen_ext import errors, named_call
-from linen_ext._state import UNINITIALIZED, ModuleState, SetupState, context
-from linen_ext.interception import run_intercepted
-from linen_ext.method_wrapping import compact, fn_name, wrap_method
-from linen_ext.module_repr import module_repr
-from linen_ext.variables_api import VariablesMixin
-from linen_ext.entry import EntryMixin
+from linen_ext import errors
+
+from linen_ext.module import named_call
+from linen_ext.module.state import UNINITIALIZED, ModuleState, SetupState, context
+from linen_ext.module.interception import run_intercepted
+from linen_ext.module.method_wrapping import compact, fn_name, wrap_method
+from linen_ext.describe import module_repr
+from linen_ext.module.variables import VariablesMixin
+from linen_ext.module.init_apply import EntryMixin
 
 M = TypeVar('M', bound='Module')
 

@@ -48,10 +48,12 @@ from lift.filters import DenyList, Filter, union_filters
 from lift.rng import RngCounters
 from lift.scope import Scope, copy_structure
 
-from linen_ext import errors, named_call
-from linen_ext._state import context
-from linen_ext.method_wrapping import nowrap
-from linen_ext.module import Module
+from linen_ext import errors
+
+from linen_ext.module import named_call
+from linen_ext.module.state import context
+from linen_ext.module.method_wrapping import nowrap
+from linen_ext.module.core import Module
 
 
 @dataclasses.dataclass(frozen=True)

@@ -51,12 +51,12 @@ from lift.pack import pack
 from lift.rng import RngCounters
 
 from linen_ext import errors
-from linen_ext.module import Module, map_modules
-from linen_ext.module_repr import one_line
-from linen_ext.stack_layout import (LayerArgs, check_rows, check_same_code,
+from linen_ext.module.core import Module, map_modules
+from linen_ext.describe import one_line
+from linen_ext.stacks.layout import (LayerArgs, check_rows, check_same_code,
                                     check_same_variables, row, split_layer_args,
                                     stack_trees)
-from linen_ext.stacks import check_remat
+from linen_ext.stacks.stacked import check_remat
 
 _NOT_LAYERS = (
     'scan_layers: layers={value} is not a list of bound modules '

@@ -18,9 +18,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from linen_ext.flax_adapter import run_flax
-from linen_ext.method_wrapping import compact, nowrap
-from linen_ext.module import Module
+from linen_ext.layers.flax_adapter import run_flax
+from linen_ext.module.method_wrapping import compact, nowrap
+from linen_ext.module.core import Module
 
 
 def _copy_flax_fields(cls: type, flax_class: type) -> None:
