@@ -75,6 +75,19 @@ class VariableAxes(NamedTuple):
   out_axes: tuple[int | None, ...]
 
 
+@dataclasses.dataclass(frozen=True)
+class MappedAxes:
+  """What an axis-adding transform maps, checked when it is built: variable groups,
+  rng splits, argument and result axes, the axis size (None: inferred) and the
+  axis-metadata parameters of the new axis."""
+  variable_axes: VariableAxes
+  rng_splits: tuple[bool, ...]
+  in_axes: Any
+  out_axes: Any
+  size: int | None
+  metadata_params: Mapping[Any, Any]
+
+
 def check_variable_axes(transform: str, variable_axes: Any, allow_none: bool,
                         hint: str = '') -> VariableAxes:
   """Validates ``{filter: axis | In(axis) | Out(axis)}``; returns the filters and axes, in order."""
@@ -258,6 +271,6 @@ def split_rng_groups(rng_groups: Sequence[Any], splits: Sequence[bool], count: i
   return tuple(
       jax.tree.map(lambda s: _split_stream(s, count), group, is_leaf=is_stream) if split else group
       for group, split in zip(rng_groups, splits))
-__all__ = ['VariableAxes', 'MappedLeaf', 'check_variable_axes', 'check_split_rngs', 'check_axis_leaves',
+__all__ = ['VariableAxes', 'MappedAxes', 'MappedLeaf', 'check_variable_axes', 'check_split_rngs', 'check_axis_leaves',
            'check_size', 'leaf_axes', 'path_text', 'mapped_arguments', 'mapped_variables',
            'leaf_axis_size', 'infer_axis_size', 'split_rng_groups']

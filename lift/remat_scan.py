@@ -58,8 +58,9 @@ def _remat_level(body_fn, lengths: tuple[int, ...], policy, metadata_params, rul
   else:
     inner = _remat_level(body_fn, lengths[1:], policy, _inner_metadata(metadata_params), rules)
     step, remat = functools.partial(_carry_only_step, inner), _step_remat(policy)
-  config = ScanConfig(rules.variable_axes, tuple(rules.split_rngs.values()),
-                      0, 0, lengths[0], False, 1, None, dict(metadata_params), remat)
+  config = ScanConfig(variable_axes=rules.variable_axes,
+                      rng_splits=tuple(rules.split_rngs.values()), in_axes=0, out_axes=0,
+                      size=lengths[0], metadata_params=dict(metadata_params), remat=remat)
   loop = build_scan(step, rules.variable_broadcast, rules.variable_carry, rules.split_rngs, config)
   return functools.partial(_carry_only, loop)
 

@@ -36,7 +36,7 @@ from lift.metadata import add_group_axes, move_axis, remove_group_axes
 from lift.pack import pack
 from lift.rng import RngCounters
 from lift.scope import Scope
-from lift.axes import (MappedLeaf, VariableAxes, check_axis_leaves, check_size,
+from lift.axes import (MappedAxes, MappedLeaf, check_axis_leaves, check_size,
                        check_split_rngs, check_variable_axes, infer_axis_size,
                        leaf_axes, leaf_axis_size, mapped_arguments,
                        mapped_variables, path_text, split_rng_groups)
@@ -92,17 +92,12 @@ def _is_flax_broadcast(axis: Any) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class ScanConfig:
-  variable_axes: VariableAxes
-  rng_splits: tuple[bool, ...]
-  in_axes: Any
-  out_axes: Any
-  length: int | None
-  reverse: bool
-  unroll: int | bool
-  data_transform: Callable[..., Any] | None
-  metadata_params: Mapping[Any, Any]
-  remat: Any
+class ScanConfig(MappedAxes):
+  """`MappedAxes` (``size`` is ``length``) and how the loop runs."""
+  reverse: bool = False
+  unroll: int | bool = 1
+  data_transform: Callable[..., Any] | None = None
+  remat: Any = False
   split_transpose: bool = False
   draw_once: Filter = False
 
@@ -402,7 +397,7 @@ def _scanned_inputs(fn, config: ScanConfig, variable_groups, rng_groups, args):
       'scan', 'in_axes', config.in_axes, args, _is_unmapped, 'scanned arguments')]
   mapped = mapped_arguments(fn, args, arg_axes, skip=2) + mapped_variables(
       groups, in_axes)
-  length = infer_axis_size('scan', 'length', mapped, config.length)
+  length = infer_axis_size('scan', 'length', mapped, config.size)
   rngs = split_rng_groups(rng_groups, config.rng_splits, length)
   xs = StepInputs(
       tuple(move_axis(g, a, 0) for g, a in zip(groups, in_axes)),
@@ -497,11 +492,13 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
   _, splits = check_split_rngs('scan', split_rngs)
   loops.resolve_remat(remat)
   config = ScanConfig(
-      axes, splits, check_axis_leaves('scan', 'in_axes', in_axes, _is_unmapped, 'lift.broadcast'),
-      check_axis_leaves('scan', 'out_axes', out_axes, _is_unmapped, 'lift.broadcast'),
-      check_size('scan', 'length', length), reverse, unroll, data_transform,
-      dict(metadata_params), remat, _split_transpose,
-      _draw_once if check_constancy_invariants else True)
+      variable_axes=axes, rng_splits=splits,
+      in_axes=check_axis_leaves('scan', 'in_axes', in_axes, _is_unmapped, 'lift.broadcast'),
+      out_axes=check_axis_leaves('scan', 'out_axes', out_axes, _is_unmapped, 'lift.broadcast'),
+      size=check_size('scan', 'length', length), metadata_params=dict(metadata_params),
+      reverse=reverse, unroll=unroll, data_transform=data_transform, remat=remat,
+      split_transpose=_split_transpose,
+      draw_once=_draw_once if check_constancy_invariants else True)
   return build_scan(fn, variable_broadcast, variable_carry, split_rngs, config)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 from flax.typing import In, Out
 
-from lift.axes import (VariableAxes, check_axis_leaves, check_size, check_split_rngs,
+from lift.axes import (MappedAxes, check_axis_leaves, check_size, check_split_rngs,
                        check_variable_axes, infer_axis_size, leaf_axes, mapped_arguments,
                        mapped_variables, split_rng_groups)
 from lift import errors
@@ -28,15 +28,9 @@ _SHARED_WRITE = (
 # -- vmap --------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class _VmapConfig:
-  variable_axes: VariableAxes
-  rng_splits: tuple[bool, ...]
-  in_axes: Any
-  out_axes: Any
-  axis_size: int | None
-  axis_name: Any
-  spmd_axis_name: Any
-  metadata_params: Mapping[Any, Any]
+class _VmapConfig(MappedAxes):
+  axis_name: Any = None
+  spmd_axis_name: Any = None
 
 
 def _is_none(x: Any) -> bool:
@@ -55,7 +49,7 @@ def _vmap_groups(fn, config: _VmapConfig, scope_fn, repack_fn, variable_groups,
   groups = remove_group_axes(variable_groups, in_axes, config.metadata_params)
   axes = leaf_axes('vmap', 'in_axes', config.in_axes, args, _is_none, 'positional arguments')
   mapped = mapped_arguments(fn, args, axes) + mapped_variables(groups, in_axes)
-  size = infer_axis_size('vmap', 'axis_size', mapped, config.axis_size)
+  size = infer_axis_size('vmap', 'axis_size', mapped, config.size)
   rng_groups = split_rng_groups(rng_groups, config.rng_splits, size)
   rng_axes = tuple(0 if split else None for split in config.rng_splits)
   body = functools.partial(_mapped_body, fn, scope_fn, repack_fn, kwargs)
@@ -116,10 +110,11 @@ def vmap(fn: Callable[..., Any], variable_axes: Mapping[Filter, int | None],
   axes = check_variable_axes('vmap', variable_axes, allow_none=True)
   rng_filters, splits = check_split_rngs('vmap', split_rngs)
   config = _VmapConfig(
-      axes, splits, check_axis_leaves('vmap', 'in_axes', in_axes, _is_none, 'None'),
-      check_axis_leaves('vmap', 'out_axes', out_axes, _is_none, 'None'),
-      check_size('vmap', 'axis_size', axis_size), axis_name, spmd_axis_name,
-      dict(metadata_params))
+      variable_axes=axes, rng_splits=splits,
+      in_axes=check_axis_leaves('vmap', 'in_axes', in_axes, _is_none, 'None'),
+      out_axes=check_axis_leaves('vmap', 'out_axes', out_axes, _is_none, 'None'),
+      size=check_size('vmap', 'axis_size', axis_size), metadata_params=dict(metadata_params),
+      axis_name=axis_name, spmd_axis_name=spmd_axis_name)
   inner = functools.partial(_vmap_groups, fn, config)
   functools.update_wrapper(inner, fn)
   return pack(inner, axes.in_filters, axes.out_filters, rng_filters, name='vmap')

@@ -312,35 +312,42 @@ def _align_outputs(out_infos, out_offsets):
   return tuple(aligned), tuple(delays)
 
 
+def _evaluate(program: Program, inputs: Sequence[Any], run_form) -> list:
+  """The program's outputs: unconverted equations bound as they are, each converted
+  one's outputs from ``run_form(instr, args)``."""
+  env = _Env(program.known)
+  env.write(program.jaxpr.invars, inputs)
+  for instr in program.instrs:
+    args = [env.read(v) for v in instr.eqn.invars]
+    if instr.form is None:
+      env.write(instr.eqn.outvars, _compat.bind_equation(instr.eqn, args))
+    else:
+      env.write(instr.eqn.outvars, run_form(instr, args))
+  return [env.read(v) for v in program.jaxpr.outvars]
+
+
 def run_prefill(program: Program, inputs: Sequence[Any]):
   """States after the inputs' prefixes, and the outputs' prefixes.
 
   Stream inputs are prefixes (length `offset` along the scan axis), unscanned
   inputs whole. Returns `(states, outputs)`.
   """
-  env = _Env(program.known)
-  env.write(program.jaxpr.invars, inputs)
   states = []
-  for instr in program.instrs:
-    args = [env.read(v) for v in instr.eqn.invars]
-    if instr.form is None:
-      env.write(instr.eqn.outvars, _compat.bind_equation(instr.eqn, args))
-      continue
+
+  def prefill(instr, args):
     buffers = []
     for i, delay in instr.delays:
-      buffers.append(frames.delay_prefill(
-          args[i], instr.axes[i], instr.offset, delay))
+      buffers.append(frames.delay_prefill(args[i], instr.axes[i], instr.offset, delay))
       args[i] = lax.slice_in_dim(args[i], 0, instr.offset, axis=instr.axes[i])
     state, outs = instr.form.prefill(args)
     states.append((tuple(buffers), state))
-    env.write(instr.eqn.outvars, outs)
-  outs = [env.read(v) for v in program.jaxpr.outvars]
+    return outs
+
+  outs = _evaluate(program, inputs, prefill)
   out_buffers = []
-  for i, (info, delay) in enumerate(zip(program.out_infos,
-                                        program.out_delays)):
+  for i, (info, delay) in enumerate(zip(program.out_infos, program.out_delays)):
     if delay:
-      out_buffers.append(frames.delay_prefill(
-          outs[i], info.axis, info.offset, delay))
+      out_buffers.append(frames.delay_prefill(outs[i], info.axis, info.offset, delay))
       outs[i] = lax.slice_in_dim(outs[i], 0, info.offset, axis=info.axis)
   return (tuple(states), tuple(out_buffers)), outs
 
@@ -350,16 +357,11 @@ def run_step(program: Program, states, t: jax.Array, inputs: Sequence[Any]):
 
   Stream inputs are their step values, unscanned inputs whole.
   """
-  env = _Env(program.known)
-  env.write(program.jaxpr.invars, inputs)
   instr_states, out_buffers = states
   instr_states = iter(instr_states)
   new_states = []
-  for instr in program.instrs:
-    args = [env.read(v) for v in instr.eqn.invars]
-    if instr.form is None:
-      env.write(instr.eqn.outvars, _compat.bind_equation(instr.eqn, args))
-      continue
+
+  def step(instr, args):
     buffers, state = next(instr_states)
     index = t + instr.offset if instr.offset else t
     buffers = list(buffers)
@@ -367,12 +369,12 @@ def run_step(program: Program, states, t: jax.Array, inputs: Sequence[Any]):
       buffers[b], args[i] = frames.delay_step(buffers[b], index, args[i])
     state, outs = instr.form.step(state, index, args)
     new_states.append((tuple(buffers), state))
-    env.write(instr.eqn.outvars, outs)
-  outs = [env.read(v) for v in program.jaxpr.outvars]
+    return outs
+
+  outs = _evaluate(program, inputs, step)
   out_buffers = list(out_buffers)
   delayed = [i for i, d in enumerate(program.out_delays) if d]
   for b, i in enumerate(delayed):
     index = t + program.out_infos[i].offset
-    out_buffers[b], outs[i] = frames.delay_step(out_buffers[b], index,
-                                                outs[i])
+    out_buffers[b], outs[i] = frames.delay_step(out_buffers[b], index, outs[i])
   return (tuple(new_states), tuple(out_buffers)), outs

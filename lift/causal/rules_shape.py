@@ -80,18 +80,23 @@ def reshape_rule(eqn: Eqn, *, new_sizes, dimensions, **params) -> StepForm:
   return forms.stateless(eqn, [eqn.stream(out_axis)], fn)
 
 
-def squeeze_rule(eqn: Eqn, *, dimensions, **params) -> StepForm:
-  """Squeezes axes other than the scan axis."""
+def _other_axes_rule(eqn: Eqn, dimensions, params, error: str, squeezes: bool) -> StepForm:
+  """An operation on axes other than the scan axis (``dimensions`` may not name it)."""
   axis = eqn.operands[0].axis
   if axis in dimensions:
-    raise eqn.error(SQUEEZES_TIME.format(axis=axis))
+    raise eqn.error(error.format(axis=axis))
   step_dims = forms.drop_dim(dimensions, axis)
 
   def fn(index, args):
     return forms.bind(eqn, args, params, dimensions=step_dims)
 
-  out_axis = axis - sum(d < axis for d in dimensions)
+  out_axis = axis - sum(d < axis for d in dimensions) if squeezes else axis
   return forms.stateless(eqn, [eqn.stream(out_axis)], fn)
+
+
+def squeeze_rule(eqn: Eqn, *, dimensions, **params) -> StepForm:
+  """Squeezes axes other than the scan axis."""
+  return _other_axes_rule(eqn, dimensions, params, SQUEEZES_TIME, squeezes=True)
 
 
 def transpose_rule(eqn: Eqn, *, permutation, **params) -> StepForm:
@@ -107,15 +112,7 @@ def transpose_rule(eqn: Eqn, *, permutation, **params) -> StepForm:
 
 def rev_rule(eqn: Eqn, *, dimensions, **params) -> StepForm:
   """Reverses axes other than the scan axis."""
-  axis = eqn.operands[0].axis
-  if axis in dimensions:
-    raise eqn.error(REVERSES_TIME.format(axis=axis))
-  step_dims = forms.drop_dim(dimensions, axis)
-
-  def fn(index, args):
-    return forms.bind(eqn, args, params, dimensions=step_dims)
-
-  return forms.stateless(eqn, [eqn.stream(axis)], fn)
+  return _other_axes_rule(eqn, dimensions, params, REVERSES_TIME, squeezes=False)
 
 
 def sort_rule(eqn: Eqn, *, dimension, **params) -> StepForm:
