@@ -28,7 +28,7 @@ from flax.linen import (avg_pool, combine_masks, dot_product_attention,
                         pool, zeros, zeros_init)
 from flax.linen import activation, dtypes, fp8_ops, meta, pooling, spmd
 
-from lift import tracing
+from lift import tracing as _tracing
 from lift.causal import causal_self_attention
 from lift.filters import DenyList
 from lift.scan import broadcast
@@ -58,4 +58,4 @@ from linen_ext.transforms import (add_metadata_axis, as_scan, checkpoint, cond, 
                                   remat, remat_scan, scan, shard_map, switch, value_and_grad,
                                   vjp, vmap, while_loop)
 
-tracing.hide_from_tracebacks(__file__)
+_tracing.hide_from_tracebacks(__file__)
