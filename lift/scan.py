@@ -491,14 +491,11 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
                              hint=', or variable_broadcast for collections shared by every step')
   _, splits = check_split_rngs('scan', split_rngs)
   loops.resolve_remat(remat)
-  config = ScanConfig(
-      variable_axes=axes, rng_splits=splits,
-      in_axes=check_axis_leaves('scan', 'in_axes', in_axes, _is_unmapped, 'lift.broadcast'),
-      out_axes=check_axis_leaves('scan', 'out_axes', out_axes, _is_unmapped, 'lift.broadcast'),
-      size=check_size('scan', 'length', length), metadata_params=dict(metadata_params),
-      reverse=reverse, unroll=unroll, data_transform=data_transform, remat=remat,
-      split_transpose=_split_transpose,
-      draw_once=_draw_once if check_constancy_invariants else True)
+  config = ScanConfig(  # MappedAxes' fields, then the loop's
+      axes, splits, check_axis_leaves('scan', 'in_axes', in_axes, _is_unmapped, 'lift.broadcast'),
+      check_axis_leaves('scan', 'out_axes', out_axes, _is_unmapped, 'lift.broadcast'),
+      check_size('scan', 'length', length), dict(metadata_params), reverse, unroll,
+      data_transform, remat, _split_transpose, _draw_once if check_constancy_invariants else True)
   return build_scan(fn, variable_broadcast, variable_carry, split_rngs, config)
 
 
