@@ -243,6 +243,66 @@ def test_sow_reduce_and_init_fns_get_and_put_variable_and_mode_queries():
   check_linen_parity(build)
 
 
+def test_module_api_tour_matches_flax():
+  """One model through most of the API: a setup module inside a compact one, sow, put and get,
+  rng keys, a single key for apply, methods, nowrap, bind, unbind, clone and fields."""
+  def build(nn):
+    class Sub(nn.Module):
+      feat: int = 2
+
+      @nn.compact
+      def __call__(self, x):
+        return nn.Dense(self.feat)(x)
+
+    class SetupM(nn.Module):
+      def setup(self):
+        self.a, self.bs = Sub(3), [Sub(2), Sub(2)]
+        self.w = self.param('w', nn.initializers.normal(), (3,))
+        self.cnt = self.variable('state', 'cnt', lambda: jnp.zeros(()))
+
+      def __call__(self, x):
+        if not self.is_initializing():
+          self.cnt.value += 1
+        return self.a(x) * self.w[None] + self.bs[1](self.bs[0](x)).sum()
+
+      @nn.nowrap
+      def helper(self):
+        return 'nowrap'
+
+      def other(self, x):
+        return self.a(x)
+
+    class M(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        info = {'init': self.is_initializing(), 'mut': self.is_mutable_collection('params'),
+                'has_rng': self.has_rng('dropout')}
+        h = SetupM()(jnp.ones((2, 3))) + nn.Dense(3, name='named')(Sub()(Sub()(x)))
+        self.sow('intermediates', 'h', h)
+        self.put_variable('cache', 'z', jnp.ones(2))
+        info.update(get=self.get_variable('cache', 'z'), rng=jax.random.key_data(
+            self.make_rng('dropout')), has=(self.has_variable('cache', 'z'),
+                                            self.has_variable('cache', 'q')))
+        self.sow('intermediates', 'h', h)
+        return h, info
+
+    x, rngs = jnp.ones((2, 3)), {'params': KEY, 'dropout': jax.random.key(1)}
+    y, v = M().init_with_output(rngs, x)
+    assert_trees_equal(v, M().init(rngs, x))
+    stored = {'params': v['params'], 'state': v['state']}
+    sv = {c: v[c]['SetupM_0'] for c in ('params', 'state')}
+    bound = SetupM().bind(sv, mutable=['state'])
+    module, unbound = bound.unbind()
+    return (y, v, M().apply(stored, x, rngs={'dropout': KEY},
+                            mutable=['intermediates', 'cache', 'state']),
+            M().apply(stored, x, rngs=KEY, mutable=True)[0][0],
+            SetupM().apply(sv, x, method='other'), SetupM().apply(sv, x, method=SetupM.other),
+            SetupM().helper(), bound(x), bound.variables, type(module).__name__,
+            module.scope is None, unbound, Sub(2).clone(feat=5).feat,
+            [f.name for f in dataclasses.fields(Sub)], Sub(name='x').name, Sub().parent is None)
+  check_linen_parity(build)
+
+
 # -- init / apply: mutable filters, methods, capture_intermediates ----------------------------
 
 
