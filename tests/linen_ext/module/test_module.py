@@ -189,35 +189,6 @@ def test_nowrap_helper_and_setup_params_nest_in_compact_modules():
   assert set(init_apply(make, X)['params']['last']) == {'scale', 'first', 'second'}
 
 
-def test_variables_rngs_and_flags_match_flax():
-  def make(nn, seen):
-    class Model(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        count = self.variable('counter', 'count', lambda: jnp.zeros((), jnp.int32))
-        if self.is_mutable_collection('counter'):
-          count.value += 1
-        seen.update(init=self.is_initializing(), has_dropout=self.has_rng('dropout'),
-                    path=self.path)
-        noise = jax.random.normal(self.make_rng('noise'), x.shape)
-        self.sow('intermediates', 'noise', noise)
-        self.put_variable('state', 'last', x.sum())
-        assert self.has_variable('state', 'last')
-        return x + self.get_variable('state', 'last') + noise
-    return Model()
-
-  seen_ours, seen_theirs = {}, {}
-  ours, theirs = make(nn, seen_ours), make(flax_nn, seen_theirs)
-  variables = ours.init(RNGS, X)
-  assert_trees_equal(variables, theirs.init(RNGS, X))
-  assert seen_ours == seen_theirs == {'init': True, 'has_dropout': True, 'path': ()}
-  mutable = ['counter', 'intermediates', 'state']
-  out_ours = ours.apply(variables, X, rngs=RNGS, mutable=mutable)
-  assert seen_ours['init'] is False
-  assert_trees_equal(out_ours, theirs.apply(variables, X, rngs=RNGS, mutable=mutable))
-  assert int(out_ours[1]['counter']['count']) == 2
-
-
 def test_sow_reduce_and_init_fns_get_and_put_variable_and_mode_queries():
   def build(nn):
     class Model(nn.Module):
