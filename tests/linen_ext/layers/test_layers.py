@@ -381,13 +381,23 @@ def _combinator_model(nn, name, in_setup, wrap=lambda m: m):
   return Outer()
 
 
-@pytest.mark.parametrize('in_setup', [False, True])
-@pytest.mark.parametrize('name', ['RNN', 'Sequential', 'WeightNorm'])
-def test_flax_combinators_place_their_submodules_as_flax(name, in_setup):
-  """compact: LSTMCell_0 / Dense_0, Dense_1 beside the wrapper; setup: under it (layer/cell)."""
+def _vmap_remat(lib):
+  return lambda m: lib.vmap(lib.remat(m), variable_axes={'params': 0},
+                            split_rngs={'params': True, 'dropout': True})
+
+
+@pytest.mark.parametrize('name, in_setup, lifted', [
+    *((name, in_setup, False) for name in ['RNN', 'Sequential', 'WeightNorm']
+      for in_setup in [False, True]), ('Sequential', False, True)])
+def test_flax_combinators_place_their_submodules_as_flax(name, in_setup, lifted):
+  """compact: LSTMCell_0 / Dense_0, Dense_1 beside the wrapper; setup: under it (layer/cell).
+  Lifted (nn.vmap of nn.remat): the wrapper and the submodules beside it are lifted together."""
   x = jnp.ones((2, 3, 4)) if name != 'Sequential' else X
-  ours = _combinator_model(nn, name, in_setup)
-  theirs = _combinator_model(flax_nn, name, in_setup)
+  if lifted:
+    x = jnp.stack([X, -X])
+  wrap = {lib: _vmap_remat(lib) if lifted else (lambda m: m) for lib in (nn, flax_nn)}
+  ours = _combinator_model(nn, name, in_setup, wrap[nn])
+  theirs = _combinator_model(flax_nn, name, in_setup, wrap[flax_nn])
   v_ours = ours.init(RNGS, x)
   v_theirs = theirs.init(RNGS, x)
   assert_same(v_ours, v_theirs)
@@ -395,21 +405,6 @@ def test_flax_combinators_place_their_submodules_as_flax(name, in_setup):
   grads = [jax.grad(lambda p, m=m: jnp.sum(m.apply({'params': p}, x, rngs=RNGS) ** 2))(
       v_ours['params']) for m in (ours, theirs)]
   assert_same(*grads)
-
-
-def test_flax_combinators_inside_lifted_transforms_as_flax():
-  """The wrapper and the submodules beside it are lifted together (nn.remat, nn.vmap)."""
-  x = jnp.stack([X, -X])
-  ours = _combinator_model(nn, 'Sequential', False,
-                           lambda m: nn.vmap(nn.remat(m), variable_axes={'params': 0},
-                                             split_rngs={'params': True, 'dropout': True}))
-  theirs = _combinator_model(
-      flax_nn, 'Sequential', False,
-      lambda m: flax_nn.vmap(flax_nn.remat(m), variable_axes={'params': 0},
-                             split_rngs={'params': True, 'dropout': True}))
-  v_ours, v_theirs = ours.init(RNGS, x), theirs.init(RNGS, x)
-  assert_same(v_ours, v_theirs)
-  assert_same(ours.apply(v_ours, x, rngs=RNGS), theirs.apply(v_theirs, x, rngs=RNGS))
 
 
 @pytest.mark.parametrize('name', ['RNN', 'Sequential', 'WeightNorm'])

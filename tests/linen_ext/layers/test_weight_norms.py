@@ -2,7 +2,6 @@
 import flax.linen as flax_nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import linen_ext as nn

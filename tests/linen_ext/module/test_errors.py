@@ -101,85 +101,77 @@ def test_errors_fire_where_flax_errors(case):
   assert flax_message in str(theirs), str(theirs)
 
 
-def test_module_errors_are_lift_errors():
-  assert issubclass(errors.ModuleError, LiftError)
-
-
-def test_calling_a_compact_module_outside_init_or_apply():
-  with pytest.raises(errors.UnboundModuleError, match=r'unbound module `Mlp`.*init\(key, x\)'):
-    Mlp()(X)
-
-
-def test_variables_of_an_unbound_module():
-  with pytest.raises(errors.UnboundModuleError, match='Reading `variables`'):
-    _ = Mlp().variables
-  with pytest.raises(errors.UnboundModuleError, match='make_rng'):
-    Mlp().make_rng('dropout')
-  with pytest.raises(errors.UnboundModuleError, match='unbind'):
-    Mlp().unbind()
-
-
-def test_submodule_name_clashes_with_param():
-  class Model(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      self.param('a', nn.initializers.zeros, (3,))
-      return nn.Dense(2, name='a')(x)
-
-  with pytest.raises(errors.NameInUseError, match='submodule "a"'):
-    Model().init(KEY, X)
-
-
-def test_setting_attributes_outside_setup():
-  class Model(nn.Module):
-    def __call__(self, x):
-      self.cache = x
-      return x
-
-  with pytest.raises(errors.FrozenModuleError, match=r"Can't set cache=.*Model.*frozen.*clone\(cache="):
-    Model().init(KEY, X)
-
-
-def test_setup_assigning_a_field():
+def _plain(fn, setup=lambda m: None):
+  """A module whose plain (not compact) ``__call__`` returns ``fn(self, x)``."""
   class Model(nn.Module):
     features: int = 2
 
     def setup(self):
-      self.features = 3
+      setup(self)
 
-    def __call__(self, x):
-      return x
-
-  with pytest.raises(errors.SetupFieldAssignmentError, match='"features"'):
-    Model().init(KEY, X)
-
-
-def test_submodule_in_a_plain_method():
-  class Model(nn.Module):
-    def __call__(self, x):
+    def _helper(self, x):
       return nn.Dense(2)(x)
 
-  with pytest.raises(errors.SubmoduleOutsideSetupError,
-                     match=r'Submodule Dense must be defined in `setup\(\)`.*@nn.compact'):
-    Model().init(KEY, X)
+    def __call__(self, x):
+      return fn(self, x)
+  return Model()
+
+
+ENTRY = r'`{}` got .* called on a Module class.*MyModule\(...\)\.{}'
+MISUSE = {
+    'compact call unbound': (lambda: Mlp()(X), errors.UnboundModuleError,
+                             r'unbound module `Mlp`.*init\(key, x\)'),
+    'variables unbound': (lambda: Mlp().variables, errors.UnboundModuleError, 'Reading `variables`'),
+    'make_rng unbound': (lambda: Mlp().make_rng('dropout'), errors.UnboundModuleError, 'make_rng'),
+    'unbind unbound': (lambda: Mlp().unbind(), errors.UnboundModuleError, 'unbind'),
+    'share_scope unbound': (lambda: nn.share_scope(Mlp(), Mlp()), errors.UnboundModuleError,
+                            'share_scope.*`Mlp`'),
+    'submodule named as a param': (lambda: _compact(nn, lambda m, nn, x: (
+        m.param('a', nn.initializers.zeros, (3,)), nn.Dense(2, name='a')(x))).init(KEY, X),
+                                   errors.NameInUseError, 'submodule "a"'),
+    'attribute set outside setup': (lambda: _plain(lambda m, x: setattr(m, 'cache', x)).init(
+        KEY, X), errors.FrozenModuleError, r"Can't set cache=.*Model.*frozen.*clone\(cache="),
+    'setup assigns a field': (lambda: _plain(lambda m, x: x, lambda m: setattr(m, 'features', 3)
+                                             ).init(KEY, X),
+                              errors.SetupFieldAssignmentError, '"features"'),
+    'submodule in a plain method': (lambda: _plain(lambda m, x: nn.Dense(2)(x)).init(KEY, X),
+                                    errors.SubmoduleOutsideSetupError,
+                                    r'Submodule Dense must be defined in `setup\(\)`.*@nn.compact'),
+    'submodule in a private method': (lambda: _plain(lambda m, x: m._helper(x)).init(KEY, X),
+                                      errors.SubmoduleOutsideSetupError,
+                                      r'Submodule Dense must.*`Model`.*@nn.compact'),
+    'invalid parent': (lambda: Mlp(parent=3), errors.InvalidParentError, 'parent must be None'),
+    'missing method': (lambda: Mlp().apply({}, X, method='missing'), errors.InvalidMethodError,
+                       '"Mlp" object has no attribute "missing"'),
+    'method not taking the module': (lambda: Mlp().apply({}, X, method=lambda: True),
+                                     errors.InvalidMethodError, 'a function taking the module first'),
+    'init on the class': (lambda: Mlp.init(KEY, X), errors.InvalidInstanceModuleError,
+                          ENTRY.format('init', 'init')),
+    'init_with_output on the class': (lambda: Mlp.init_with_output(KEY, X),
+                                      errors.InvalidInstanceModuleError,
+                                      ENTRY.format('init_with_output', 'init_with_output')),
+    'apply on the class': (lambda: Mlp.apply({}, X), errors.InvalidInstanceModuleError,
+                           ENTRY.format('apply', 'apply')),
+    'bind on the class': (lambda: Mlp.bind({}, X), errors.InvalidInstanceModuleError,
+                          ENTRY.format('bind', 'bind')),
+}
+
+
+@pytest.mark.parametrize('case', list(MISUSE))
+def test_misuse_raises_a_module_error_naming_the_culprit(case):
+  misuse, error, message = MISUSE[case]
+  with pytest.raises(error, match=message):
+    misuse()
+
+
+def test_module_errors_are_lift_errors():
+  assert issubclass(errors.ModuleError, LiftError)
 
 
 def test_reserved_field_names():
   with pytest.raises(errors.ReservedNameError, match='"name"'):
     class Model(nn.Module):  # noqa: F841
       name: str
-
-
-def test_submodule_in_a_private_method_that_is_not_compact():
-  class Model(nn.Module):
-    def _helper(self, x):
-      return nn.Dense(2)(x)
-
-    def __call__(self, x):
-      return self._helper(x)
-
-  with pytest.raises(errors.SubmoduleOutsideSetupError, match=r'Submodule Dense must.*`Model`.*@nn.compact'):
-    Model().init(KEY, X)
 
 
 def test_lazy_init_names_the_input_the_variables_read():
@@ -193,18 +185,6 @@ def test_lazy_init_names_the_input_the_variables_read():
     Model().lazy_init(KEY, shape, scale=shape)
   variables = Model().lazy_init(KEY, shape, scale=jnp.ones(2))
   np.testing.assert_array_equal(variables['params']['w'], 2.0 * np.ones(2))
-
-
-def test_share_scope_of_an_unbound_module():
-  with pytest.raises(errors.UnboundModuleError, match='share_scope.*`Mlp`'):
-    nn.share_scope(Mlp(), Mlp())
-
-
-def test_invalid_parent_and_method():
-  with pytest.raises(errors.InvalidParentError, match='parent must be None'):
-    Mlp(parent=3)
-  with pytest.raises(errors.InvalidMethodError, match='"Mlp" object has no attribute "missing"'):
-    Mlp().apply({}, X, method='missing')
 
 
 def test_using_a_submodule_after_apply_returned():
@@ -223,15 +203,6 @@ def test_using_a_submodule_after_apply_returned():
   with pytest.raises(InvalidScopeError):
     _ = leaked[0].variables
   assert variables['params']['Dense_0']['kernel'].shape == (3, 2)
-
-
-@pytest.mark.parametrize('entry', ['init', 'init_with_output', 'apply', 'bind'])
-def test_entry_points_called_on_the_class_say_to_instantiate(entry):
-  call = {'init': lambda: Mlp.init(KEY, X), 'init_with_output': lambda: Mlp.init_with_output(KEY, X),
-          'apply': lambda: Mlp.apply({}, X), 'bind': lambda: Mlp.bind({}, X)}[entry]
-  with pytest.raises(errors.InvalidInstanceModuleError,
-                     match=rf'`{entry}` got .* called on a Module class.*MyModule\(...\)\.{entry}'):
-    call()
 
 
 def test_post_init_override_without_super():
@@ -280,11 +251,6 @@ def test_empty_sequential_names_its_path():
 
   with pytest.raises(ValueError, match=r'Empty Sequential module at "/body".*Fix'):
     Model().init(KEY, X)
-
-
-def test_apply_method_that_cannot_take_the_module():
-  with pytest.raises(errors.InvalidMethodError, match='a function taking the module first'):
-    Mlp().apply({}, X, method=lambda: True)
 
 
 def test_errors_are_also_flax_errors_where_flax_has_one():

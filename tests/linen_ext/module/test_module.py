@@ -13,7 +13,6 @@ import types
 import flax.linen as flax_nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from flax.core import FrozenDict
 
