@@ -1,20 +1,74 @@
-"""Flax's layer namespaces (``nn.attention``, ``nn.linear``, ...) and the fp8 layers.
+"""The Flax API surface: signatures, names, re-exports, layer namespaces and the fp8 layers.
 
-Oracle: flax.linen. Code that reaches a layer through a submodule
-(``nn.linear.Dense``) must get this package's layer, and the fp8 ``dot_general``
-layers must give flax's variables, outputs, gradients and scale updates.
+Oracle: flax.linen. Our functions and Module methods take Flax's parameters in Flax's
+order with Flax's defaults (extras may follow); code that reaches a layer through a
+submodule (``nn.linear.Dense``) gets this package's layer; re-exported helpers are
+Flax's own objects; the fp8 ``dot_general`` layers give Flax's variables, outputs,
+gradients and scale updates.
 """
+import functools
 import importlib
 import inspect
 
+import flax.core as fcore
 import flax.linen as flax_nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax.core import scope as fscope
 from flax.linen import fp8_ops
 
+import lift
 import linen_ext as nn
+
+FUNCTIONS = ['vmap', 'scan', 'checkpoint', 'remat', 'jit', 'map_variables', 'cond', 'switch',
+             'while_loop', 'vjp', 'jvp', 'grad', 'value_and_grad', 'custom_vjp', 'remat_scan',
+             'fold_rngs', 'add_metadata_axis', 'init', 'apply', 'init_with_output']
+MODULE_METHODS = ['param', 'variable', 'make_rng', 'sow', 'is_initializing',
+                  'is_mutable_collection', 'has_variable', 'has_rng', 'put_variable',
+                  'get_variable', 'init', 'init_with_output', 'apply', 'bind', 'unbind', 'clone']
+COLLECTIONS = ['params', 'batch_stats', 'cache', 'intermediates']
+
+
+@pytest.mark.parametrize('name', FUNCTIONS + [f'Module.{m}' for m in MODULE_METHODS])
+def test_signatures_match_flax(name):
+  """Every Flax parameter, in Flax's relative order, with Flax's default."""
+  ours, theirs = (functools.reduce(getattr, name.split('.'), lib) for lib in (nn, flax_nn))
+  ours = {p.name: p.default for p in inspect.signature(ours).parameters.values()}
+  theirs = {p.name: p.default for p in inspect.signature(theirs).parameters.values()}
+  assert set(theirs) <= set(ours), set(theirs) - set(ours)
+  positions = [list(ours).index(param) for param in theirs]
+  assert positions == sorted(positions), (list(ours), list(theirs))
+  for param, default in theirs.items():
+    if isinstance(default, fcore.DenyList):  # the same filter, by what it lets through
+      assert ([lift.in_filter(ours[param], c) for c in COLLECTIONS]
+              == [fscope.in_filter(default, c) for c in COLLECTIONS]), param
+    elif default is inspect.Parameter.empty or (callable(default) and
+                                                not isinstance(default, type)):
+      continue  # no default, or an identity lambda
+    elif hasattr(default, 'keys'):
+      assert dict(ours[param]) == dict(default), param
+    else:
+      assert ours[param] == default, (param, ours[param], default)
+
+
+def test_api_names_exist_and_reexports_are_flax_objects():
+  for name in ['Module', 'compact', 'nowrap', 'broadcast', 'Stacked', 'BlockSeq', 'scan_layers',
+               'per_layer', 'from_flax', 'as_scan', 'shard_map']:
+    assert hasattr(nn, name), name
+  assert isinstance(nn.Module.variables, property)
+  assert isinstance(flax_nn.Module.variables, property)
+  for name in ['relu', 'gelu', 'initializers', 'with_partitioning', 'Partitioned',
+               'PARTITION_NAME', 'get_partition_spec', 'logical_axis_rules',
+               'set_logical_axis_rules', 'get_logical_axis_rules', 'with_logical_partitioning',
+               'LogicallyPartitioned', 'logical_to_mesh_axes', 'softmax', 'sigmoid', 'tanh',
+               'silu', 'swish', 'elu', 'leaky_relu', 'one_hot', 'log_softmax', 'make_causal_mask',
+               'make_attention_mask', 'dot_product_attention']:
+    assert getattr(nn, name) is getattr(flax_nn, name), name
+  for name in ['Dense', 'Conv', 'Embed', 'LayerNorm', 'RMSNorm', 'BatchNorm', 'Dropout',
+               'LSTMCell', 'GRUCell', 'MultiHeadDotProductAttention']:
+    assert issubclass(getattr(nn, name), nn.Module), name
 
 
 @pytest.mark.parametrize('namespace', ['attention', 'linear', 'normalization', 'recurrent',

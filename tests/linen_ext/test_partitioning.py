@@ -7,13 +7,13 @@ vmap too; `get_axis_names` gives the same logical specs.
 import flax.linen as flax_nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from flax.linen import partitioning as flax_partitioning
 
 import linen_ext as nn
 from linen_ext import errors
 from linen_ext import partitioning
+from tests.helpers import assert_trees_equal as assert_same
 
 RULES = (('embed', None), ('mlp', 'model'), ('layers', None), ('batch', 'data'))
 X = jnp.linspace(-1.0, 1.0, 24).reshape(3, 8)
@@ -51,11 +51,6 @@ def models(lib, part, depth=3):
       return heads(name='heads')(x)[0]
 
   return Block(), Layers(), Heads()
-
-
-def assert_same(a, b):
-  assert jax.tree.structure(a) == jax.tree.structure(b)
-  jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
 @pytest.mark.parametrize('which', [0, 1, 2], ids=['module', 'scan_with_axes', 'vmap_with_axes'])

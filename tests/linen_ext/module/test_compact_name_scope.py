@@ -2,19 +2,15 @@
 import flax.linen as flax_nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import linen_ext as nn
+from tests.helpers import assert_trees_equal as assert_same
 
 KEY = jax.random.key(0)
 X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
 
 
-def assert_same(a, b):
-  assert jax.tree.structure(a) == jax.tree.structure(b)
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6)
 
 
 def make(lib, call_kind):

@@ -15,7 +15,7 @@ import pytest
 import linen_ext as nn
 from linen_ext import errors
 from linen_ext.module.core import UNSPECIFIED
-from tests.linen_ext.module.test_module import assert_same_tree
+from tests.helpers import assert_trees_equal as assert_same_tree
 
 KEY = jax.random.key(0)
 X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
