@@ -85,7 +85,7 @@ def test_group_collections_order_and_first_match_match_flax(filters):
   ours = lift.group_collections(xs, filters)
   theirs = flax.core.scope.group_collections(xs, [to_flax(f) for f in filters])
   assert [list(g.items()) for g in ours] == [list(g.items()) for g in theirs]
-  if filters[0] == 'params' and len(filters) == 3:
+  if len(filters) == 3 and filters[0] == 'params':
     assert ours == ({'params': 1}, {'cache': 3}, {'batch_stats': 2})
 
 
