@@ -113,7 +113,7 @@ def test_negative_axes_and_broadcast_inputs():
   np.testing.assert_allclose(ys, jnp.moveaxis(expected_ys, 0, -1), rtol=1e-6)
 
 
-def test_broadcast_output_is_computed_once():
+def test_broadcast_output_is_returned_once_not_stacked():
   def step(scope, c, x):
     scale = scope.param('scale', jax.nn.initializers.ones, (3,))
     return c * scale[None] + x, (c, 2.0 * scale)
