@@ -18,20 +18,30 @@ FILTERS = [True, False, 'a', ['a', 'b'], ('b', 'c'), {'c'}, [], DenyList('a'),
            DenyList(['a', 'b']), DenyList([]), DenyList(True), DenyList(DenyList('c'))]
 
 
-def denote(f):
-  return frozenset(x for x in UNIVERSE if lift.in_filter(f, x))
+def denote(f, in_filter=lift.in_filter):
+  return frozenset(x for x in UNIVERSE if in_filter(f, x))
+
+
+def to_flax(f):
+  return flax.core.DenyList(to_flax(f.deny)) if isinstance(f, DenyList) else f
 
 
 @pytest.mark.parametrize('a,b', list(itertools.product(FILTERS, repeat=2)))
-def test_operations_match_set_semantics(a, b):
-  assert denote(lift.union_filters(a, b)) == denote(a) | denote(b)
-  assert denote(lift.intersect_filters(a, b)) == denote(a) & denote(b)
-  assert denote(lift.subtract_filters(a, b)) == denote(a) - denote(b)
+def test_operations_match_set_semantics_and_flax(a, b):
+  for op, expected in [('union_filters', denote(a) | denote(b)),
+                       ('intersect_filters', denote(a) & denote(b)),
+                       ('subtract_filters', denote(a) - denote(b))]:
+    assert denote(getattr(lift, op)(a, b)) == expected
+    theirs = getattr(flax.core.scope, op)(to_flax(a), to_flax(b))
+    assert denote(theirs, flax.core.scope.in_filter) == expected
 
 
 @pytest.mark.parametrize('f', FILTERS)
-def test_is_filter_empty_matches_denotation(f):
+def test_is_filter_empty_matches_denotation_and_flax(f):
   assert lift.is_filter_empty(f) == (denote(f) == frozenset())
+  assert denote(f) == denote(to_flax(f), flax.core.scope.in_filter)
+  if not isinstance(f, DenyList) or not isinstance(f.deny, DenyList):  # Flax guesses on nested ones
+    assert lift.is_filter_empty(f) == flax.core.scope.is_filter_empty(to_flax(f))
 
 
 TABLE = [
@@ -65,10 +75,18 @@ def test_table(op, a, b, expected):
   assert op(a, b) == expected
 
 
-def test_group_collections_first_match_wins_and_unmatched_dropped():
+@pytest.mark.parametrize('filters', [
+    ('params', ['params', 'cache'], DenyList('intermediates')), (['params'], True),
+    ('params', 'params'), (True,), (DenyList('params'), 'params'), (), ('cache', True),
+    (True, 'cache'), (['intermediates', 'cache'], DenyList('intermediates')),
+    (False, 'batch_stats', ['batch_stats', 'intermediates'])])
+def test_group_collections_order_and_first_match_match_flax(filters):
   xs = {'params': 1, 'batch_stats': 2, 'cache': 3, 'intermediates': 4}
-  groups = lift.group_collections(xs, ['params', ['params', 'cache'], DenyList('intermediates')])
-  assert groups == ({'params': 1}, {'cache': 3}, {'batch_stats': 2})
+  ours = lift.group_collections(xs, filters)
+  theirs = flax.core.scope.group_collections(xs, [to_flax(f) for f in filters])
+  assert [list(g.items()) for g in ours] == [list(g.items()) for g in theirs]
+  if len(filters) == 3 and filters[0] == 'params':
+    assert ours == ({'params': 1}, {'cache': 3}, {'batch_stats': 2})
 
 
 def test_denylist_equality_and_hash():

@@ -152,6 +152,7 @@ def test_rewrapping_the_same_function_and_other_scopes_do_not_retrace():
   fn.runs = 0
   for _ in range(3):
     lift.apply(twice_in_a_row, mutable='counter')(variables, X, lift.jit(fn))
+    lift.apply(twice_in_a_row, mutable='counter')(variables, X, lambda s, x: lift.jit(fn)(s, x))
   assert fn.runs == 1
 
 
@@ -274,6 +275,8 @@ def test_unhashable_static_argument_is_rejected():
   fn = lift.jit(lambda scope, x, sizes: x, static_argnums=2)
   with pytest.raises(errors.JitArgumentError, match='static argument 2 .* not hashable'):
     lift.init(fn)(RNGS, X, [1, 2])
+  with pytest.raises(errors.JitArgumentError, match='static argument 1 of dense is Array'):
+    lift.init(lift.jit(dense, static_argnums=1))(RNGS, X, 2)  # 0 is the scope: 1 is x
 
 
 def test_draws_that_change_between_traces_are_rejected():

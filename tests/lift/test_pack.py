@@ -1,4 +1,7 @@
 """pack, stage by stage, and the seed's lift_transpose example."""
+import inspect
+
+import flax.core
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,12 +9,16 @@ import pytest
 
 import lift
 from lift import errors
-from lift.pack import PackSpec, commit, dedup_scopes, filter_groups, repack
+from lift.pack import PackSpec, commit, dedup_scopes, filter_groups, reconstruct, repack
 
-from tests.helpers import counter, dense
+from tests.helpers import assert_trees_equal, counter, dense
 
 
-def lift_transpose(fn, target='params', variables=True, rngs=True):
+def test_pack_stages_are_named_functions():
+  assert all(map(inspect.isfunction, (dedup_scopes, filter_groups, reconstruct, repack, commit)))
+
+
+def lift_transpose(fn, target='params', variables=True, rngs=True, lib=lift):
   """The seed example: transposes every 2-D param of `target`, passes the rest through."""
   def wrapper(scope_fn, repack_fn, variable_groups, rng_groups, *args):
     target, rest = variable_groups
@@ -25,7 +32,7 @@ def lift_transpose(fn, target='params', variables=True, rngs=True):
     y = fn(scope, *args)
     out_variables = repack_fn(scope)
     return y, out_variables
-  return lift.pack(
+  return lib.pack(
       wrapper,
       in_variable_filters=(target, variables),
       out_variable_filters=(variables,),
@@ -48,6 +55,9 @@ def test_lift_transpose_seed_example():
   transposed = {'params': {'kernel': kernel.T, 'bias': variables['params']['bias']}}
   y2 = lift.apply(lift_transpose(dense))(transposed, x, 4)
   np.testing.assert_allclose(y2, y, rtol=1e-6)
+  flax_transpose = lift_transpose(dense, lib=flax.core.lift)
+  assert_trees_equal((y, variables), flax.core.init(flax_transpose)(jax.random.key(0), x, 4))
+  assert_trees_equal(y2, flax.core.apply(flax_transpose)(transposed, x, 4))
 
 
 def test_untransformed_values_unchanged_through_pack():
@@ -68,6 +78,7 @@ def test_dedup_lifts_a_scope_and_its_child_once():
     def inner(scope_fn, repack_fn, variable_groups, rng_groups):
       assert len(variable_groups[0]) == 1  # one root: the child's variables are not lifted twice
       root, inner_child = scope_fn(variable_groups, rng_groups)
+      assert (root.path, inner_child.path) == ((), ('child',))
       seen['parent_is_root'] = inner_child.parent is root
       inner_child.put_variable('state', 'x', 2)
       return None, repack_fn((root, inner_child))
@@ -106,7 +117,6 @@ def test_repack_never_returns_immutable_collections():
     spec = PackSpec((True,), (True,), (True,), None)
     lifted = dedup_scopes(scope)
     inner = lift.Scope({'params': {'w': 1.0}, 'counter': {'n': 1}}, mutable=['counter'])
-    from lift.pack import reconstruct
     inner = reconstruct(lifted, spec, [], *filter_groups(lifted.roots, spec))
     return repack(lifted, spec, inner)
 
@@ -114,11 +124,12 @@ def test_repack_never_returns_immutable_collections():
   assert out == (({'counter': {'n': 1}},),)
 
 
-def test_mutable_collection_matched_by_no_out_filter_raises():
+@pytest.mark.parametrize('in_filters', [('params',), (True,)])
+def test_mutable_collection_matched_by_no_out_filter_raises(in_filters):
   def make_stats(scope):
     scope.variable('batch_stats', 'mean', jnp.zeros, ())
 
-  lifted = passthrough(make_stats, in_filters=('params',), out_filters=('params',), name='my_transform')
+  lifted = passthrough(make_stats, in_filters=in_filters, out_filters=('params',), name='my_transform')
   with pytest.raises(errors.UnmappedCollectionError,
                      match=r'"batch_stats" is immutable inside the lifted `my_transform`'):
     lift.init(lambda s: lifted(s.push('layer')))(jax.random.key(0))
@@ -180,6 +191,13 @@ def test_scope_and_variable_captured_inside_are_invalid_after_return():
     captured['scope'].get_variable('state', 'x')
   with pytest.raises(errors.InvalidScopeError, match='"identity\\(/outer\\)" is no longer valid'):
     captured['var'].value
+
+
+def test_enable_kwargs_false_rejects_keyword_arguments_naming_them():
+  packed = lift.pack(lambda scope_fn, repack_fn, vg, rg, *a, **k: (None, repack_fn(scope_fn(vg, rg))),
+                     (True,), (True,), (True,), name='identity', enable_kwargs=False)
+  with pytest.raises(errors.TransformArgumentError, match=r"identity: keyword arguments \['x'\]"):
+    lift.apply(packed)({}, x=1.0)
 
 
 def test_pack_validates_filters_when_built():

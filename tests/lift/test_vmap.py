@@ -9,7 +9,7 @@ from flax.core import meta
 
 import lift
 from lift import errors
-from tests.helpers import counter, dense, mlp
+from tests.helpers import assert_trees_close, counter, dense, mlp
 
 KEY = jax.random.key(0)
 XS = jnp.linspace(-1.0, 1.0, 15).reshape(3, 5)
@@ -19,11 +19,6 @@ ENSEMBLE = dict(variable_axes={'params': 0}, split_rngs={'params': True})
 def _stack(trees):
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
-
-def _assert_trees_close(a, b):
-  assert jax.tree.structure(a) == jax.tree.structure(b)
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6)
 
 
 # -- oracles ---------------------------------------------------------------------
@@ -46,14 +41,14 @@ def test_vmap_gradient_equals_jax_vmap_gradient():
     return jnp.sum(jax.vmap(lambda p, x: lift.apply(mlp)({'params': p}, x))(params, XS) ** 2)
 
   got = jax.jit(jax.grad(lifted_loss))(variables['params'])
-  _assert_trees_close(got, jax.jit(jax.grad(oracle_loss))(variables['params']))
+  assert_trees_close(got, jax.jit(jax.grad(oracle_loss))(variables['params']))
 
 
 def test_shared_params_equal_unmapped_call():
   shared = lift.vmap(mlp, variable_axes={'params': None}, split_rngs={'params': False})
   y, variables = lift.init(shared)(KEY, XS)
   _, expected_variables = lift.init(mlp)(KEY, XS[0])
-  _assert_trees_close(variables, expected_variables)
+  assert_trees_close(variables, expected_variables)
   np.testing.assert_allclose(y, lift.apply(mlp)(variables, XS), rtol=1e-6)
 
 
@@ -63,7 +58,7 @@ def test_init_matches_flax_core_lift_vmap(axis, split):
   kwargs = dict(variable_axes={'params': axis}, split_rngs={'params': split})
   y, variables = lift.init(lift.vmap(mlp, **kwargs))(KEY, XS)
   flax_y, flax_variables = flax.core.init(flax_lift.vmap(mlp, **kwargs))(KEY, XS)
-  _assert_trees_close(variables, flax.core.unfreeze(flax_variables))
+  assert_trees_close(variables, flax.core.unfreeze(flax_variables))
   np.testing.assert_allclose(y, flax_y, rtol=1e-6)
 
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lift.causal import as_scan, causal_self_attention, custom_causal
+from lift import as_scan, causal_self_attention, custom_causal
 from lift.causal.testing import check_scan
 from lift.errors import ScanConversionError
 
@@ -108,6 +108,22 @@ def test_attention_matches_flax(dtype, tol):
   np.testing.assert_allclose(np.asarray(got, np.float32),
                              np.asarray(want, np.float32), rtol=tol,
                              atol=tol)
+  unbatched = jax.jit(causal_self_attention)(q[0], k[0], v[0])  # no batch axis
+  np.testing.assert_allclose(np.asarray(unbatched, np.float32),
+                             np.asarray(want[0], np.float32), rtol=tol, atol=tol)
+
+
+def test_the_authors_step_is_what_runs():
+  @custom_causal
+  def ident(x):
+    return x
+
+  ident.def_init(lambda x: jnp.zeros((), x.dtype))
+  ident.def_step(lambda s, i, x: (s, x + 100.0))  # not ident's: shows which one runs
+  xs = rand((T, 3))
+  f, c = as_scan(ident, xs)
+  np.testing.assert_array_equal(lax.scan(f, c, xs)[1], xs + 100.0)
+  np.testing.assert_array_equal(ident(xs), xs)
 
 
 def test_attention_time_first_layout():
