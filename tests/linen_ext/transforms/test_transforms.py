@@ -1,33 +1,25 @@
-"""Module transforms: class and decorator forms, naming, setup inside, jit caching, misuse.
+"""Module transforms: class, decorator and methods= forms, naming, setup inside, misuse.
 
-Oracles: flax.linen on the same model source (variable trees and values), and
-the class form against the decorator form of the same transform.
+Oracles: flax.linen on the same model source (variable trees and values); where Flax
+has no such transform or form, the same model without it or Flax's class form.
 """
-import dataclasses
 import functools
-from typing import Any
 
+import flax
 import flax.linen as flax_nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import serialization
 from jax.sharding import PartitionSpec as P
 
 import lift
 import linen_ext as nn
 from linen_ext import errors
-from tests.helpers import assert_trees_close, tolerance
+from tests.helpers import assert_trees_equal, check_linen_parity, tolerance
 
 KEY = jax.random.key(0)
 X = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
-
-
-def assert_same(a, b):
-  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
-  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-6)
 
 
 def init_and_apply(model, *args, **kwargs):
@@ -35,44 +27,70 @@ def init_and_apply(model, *args, **kwargs):
   return variables, model.apply(variables, *args, **kwargs)
 
 
-# -- the same model, transformed as a class and through a decorated method ---------------
+# -- the same model, transformed as a class, through a decorated method, with methods= -----
 
 TRANSFORMS = {
     'vmap': dict(variable_axes={'params': 0}, split_rngs={'params': True}),
     'scan': dict(variable_axes={'params': 0}, split_rngs={'params': True}, length=3),
-    'checkpoint': dict(prevent_cse=False),
-    'jit': dict(),
+    'checkpoint': dict(prevent_cse=False), 'remat': {}, 'jit': {},
     'map_variables': dict(mapped_collections='params', init=True,
-                          trans_in_fn=lambda v: jax.tree_util.tree_map(lambda a: 2 * a, v),
-                          trans_out_fn=lambda v: jax.tree_util.tree_map(lambda a: a / 2, v)),
-    'remat_scan': dict(lengths=(2, 2)),
-    'fold_rngs': dict(),
-    'shard_map': dict(mesh=jax.make_mesh((1,), ('data',)), in_specs=P(),
-                      out_specs=P(), variable_specs={'params': P()},
-                      split_rngs={'params': False}),
+                          trans_in_fn=lambda v: jax.tree.map(lambda a: 2 * a, v),
+                          trans_out_fn=lambda v: jax.tree.map(lambda a: a / 2, v)),
+    'remat_scan': dict(lengths=(2, 2)), 'fold_rngs': {},
+    'add_metadata_axis': dict(variable_axes={'params': 0}, metadata_params={}),
+    'shard_map': dict(mesh=jax.make_mesh((1,), ('data',)), in_specs=P(), out_specs=P(),
+                      variable_specs={'params': P()}, split_rngs={'params': False}),
 }
-STEP = {'scan': lambda y: (y, y.sum()), 'remat_scan': lambda y: y}
+FORMS = ['class', 'method', 'methods=']
 
 
-def block_classes(transform, options):
-  step = STEP.get(transform, lambda y: y)
+def transformed(nn, transform, form):
+  """``transform`` (None: no transform) applied in ``form``; a Module named 'block'."""
+  tr = getattr(nn, transform) if transform else (lambda target, **_: target)
+  options = TRANSFORMS.get(transform, {})
+  step = (lambda y: (y, y.sum())) if transform == 'scan' else (lambda y: y)
 
   class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x, *rest):
+      return step(nn.tanh(nn.Dense(4)(x)))
+
+    def other(self, x, *rest):
+      return self(x, *rest)
+
+  class Decorated(nn.Module):  # a setup module with a decorated method
     def setup(self):
       self.dense = nn.Dense(4)
 
+    @functools.partial(tr, **options)
     def __call__(self, x, *rest):
       return step(nn.tanh(self.dense(x)))
 
-  class Decorated(nn.Module):
-    def setup(self):
-      self.dense = nn.Dense(4)
+  if form == 'method':
+    return Decorated(name='block')
+  return tr(Block, **options, **({'methods': ['other']} if form == 'methods=' else {}))(name='block')
 
-    @functools.partial(getattr(nn, transform), **options)
-    def __call__(self, x, *rest):
-      return step(nn.tanh(self.dense(x)))
 
-  return getattr(nn, transform)(Block, **options), Decorated
+@pytest.mark.parametrize('form', FORMS)
+@pytest.mark.parametrize('transform', sorted(TRANSFORMS))
+def test_transform_forms_match_flax(transform, form):
+  args = (X, None) if transform == 'scan' else (X,)
+  method = 'other' if form == 'methods=' else None
+
+  def run(nn, transform, form):
+    model = transformed(nn, transform, form)
+    y, variables = model.init_with_output(KEY, *args, method=method)
+    return y, variables, model.apply(variables, *args, method=method)
+
+  ours = run(nn, transform, form)
+  if transform in ('jit', 'shard_map'):  # the oracle: the same model untransformed
+    assert_trees_equal(ours, run(nn, None, form))
+    if transform == 'jit':  # Flax's jit draws other keys for wrapped layers: shapes only
+      assert (jax.tree.map(jnp.shape, ours) == jax.tree.map(jnp.shape, run(flax_nn, 'jit', form)))
+  elif form == 'methods=' and transform in ('fold_rngs', 'add_metadata_axis', 'remat_scan'):
+    assert_trees_equal(ours, run(flax_nn, transform, 'class'))  # Flax has no methods= here
+  else:
+    assert_trees_equal(ours, run(flax_nn, transform, form))
 
 
 def test_transformed_class_names_follow_flax():
@@ -114,10 +132,9 @@ def test_setup_submodules_and_field_modules_inside_transforms_match_flax():
         return Shared(nn.Dense(2, name='head'))(x)
     return Model()
 
-  ours, theirs = make(nn).init(KEY, X), make(flax_nn).init(KEY, X)
-  assert_same(ours, theirs)
-  assert ours['params']['head']['kernel'].shape == (2, 4, 2)
-  assert_same(make(nn).apply(ours, X), make(flax_nn).apply(theirs, X))
+  variables = make(flax_nn).init(KEY, X)
+  ours, _ = check_linen_parity(lambda nn: (make(nn).init(KEY, X), make(nn).apply(variables, X)))
+  assert ours[0]['params']['head']['kernel'].shape == (2, 4, 2)
 
 
 def test_modules_and_variables_passed_as_arguments_are_lifted():
@@ -197,8 +214,7 @@ def test_fold_rngs_draws_flax_keys():
 
   rngs = {'params': KEY, 'dropout': jax.random.key(1)}
   variables = make(flax_nn).init(rngs, X)
-  assert_same(make(nn).init(rngs, X), variables)
-  assert_same(make(nn).apply(variables, X, rngs=rngs), make(flax_nn).apply(variables, X, rngs=rngs))
+  check_linen_parity(lambda nn: (make(nn).init(rngs, X), make(nn).apply(variables, X, rngs=rngs)))
 
 
 def test_functools_partial_of_a_compact_method_is_transformed_as_flax():
@@ -214,9 +230,95 @@ def test_functools_partial_of_a_compact_method_is_transformed_as_flax():
     return Foo()
 
   x = jnp.ones((3, 4, 4))
-  variables = make(nn).init(jax.random.key(0), x)
-  assert_same(variables, make(flax_nn).init(jax.random.key(0), x))
-  assert_same(make(nn).apply(variables, x), make(flax_nn).apply(variables, x))
+  variables = make(flax_nn).init(KEY, x)
+  check_linen_parity(lambda nn: (make(nn).init(KEY, x), make(nn).apply(variables, x)))
+
+
+# -- map_variables --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('init, mutable', [(True, True), (True, False), (False, True)])
+def test_map_variables_init_and_mutable_match_flax(init, mutable):
+  def make(nn, init, mutable):
+    double = lambda tree: jax.tree.map(lambda a: 2.0 * a, tree)
+    halve = lambda tree: jax.tree.map(lambda a: a / 2.0, tree)
+    return nn.map_variables(nn.Dense, 'params', double, halve, init=init, mutable=mutable)(3)
+
+  variables = make(flax_nn, True, False).init(KEY, X)
+  ours, _ = check_linen_parity(lambda nn: (make(nn, init, mutable).init_with_output(KEY, X),
+                                           make(nn, init, mutable).apply(variables, X)))
+  kernel, bias = variables['params']['kernel'], variables['params']['bias']
+  np.testing.assert_allclose(ours[1], X @ (2 * kernel) + 2 * bias[None], rtol=1e-6)
+
+
+def test_map_variables_on_batch_stats_and_a_list_filter_match_flax():
+  def build(nn):
+    shift = lambda d: lambda v: jax.tree.map(lambda a: a + d, v)
+    norm = nn.map_variables(nn.BatchNorm, 'batch_stats', shift(1.0), shift(-1.0), init=True,
+                            mutable=True)(use_running_average=False)
+    negated = nn.map_variables(nn.Dense, ['params'], trans_in_fn=lambda v: jax.tree.map(
+        lambda a: -a, v), init=True)(4, name='d')
+    y, variables = norm.init_with_output(KEY, X)
+    z, negated_variables = negated.init_with_output(KEY, X)
+    return (y, variables, norm.apply(variables, X, mutable=['batch_stats']), z, negated_variables,
+            negated.apply(negated_variables, X))
+  check_linen_parity(build)
+
+
+# -- differences the audit found, now as Flax ------------------------------------------------
+
+
+def private_and_compact_methods(nn):
+  class Model(nn.Module):
+    def setup(self):
+      self.d = nn.Dense(3)
+      self.table, self.items = {'a': [1, 2]}, [1, 2]  # frozen as Flax freezes them
+
+    def _private(self, x):
+      return x + 1.0
+
+    def __call__(self, x):
+      return self._private(self.d(x))
+
+    def containers(self):
+      return type(self.table).__name__, type(self.table['a']).__name__, type(self.items).__name__
+
+  class TwoCompact(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(2)(x) + self.other(x)
+
+    @nn.compact
+    def other(self, x):
+      return nn.Dense(2)(x)
+
+  variables = Model().init(KEY, X)
+  return (Model().apply(variables, X, capture_intermediates=lambda m, n: True,
+                        mutable=['intermediates']),
+          Model().apply({}, method='containers'),
+          TwoCompact().init_with_output(KEY, X), TwoCompact().init(KEY, X, method='other'))
+
+
+def test_private_methods_containers_and_two_compact_methods_as_flax():
+  ours, _ = check_linen_parity(private_and_compact_methods)
+  assert '_private' in ours[0][1]['intermediates']
+  assert ours[1] == ('FrozenDict', 'tuple', 'tuple')
+
+
+def test_flax_denylist_as_a_mutable_filter():
+  def make(nn):
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        count = self.variable('counter', 'n', lambda: jnp.zeros((), jnp.int32))
+        count.value += 1
+        self.sow('intermediates', 'x', x)
+        return nn.Dense(2)(x)
+    return Model()
+  variables = make(flax_nn).init(KEY, X)
+  ours, _ = check_linen_parity(lambda nn: make(nn).apply(
+      variables, X, mutable=flax.core.DenyList('intermediates')))
+  assert set(ours[1]) == {'params', 'counter'}
 
 
 # -- lift_transform: a user's scope-level transform on Modules -------------------------
