@@ -22,11 +22,6 @@ KEY = jax.random.key(0)
 X = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
 
 
-def init_and_apply(model, *args, **kwargs):
-  variables = model.init(KEY, *args, **kwargs)
-  return variables, model.apply(variables, *args, **kwargs)
-
-
 # -- the same model, transformed as a class, through a decorated method, with methods= -----
 
 TRANSFORMS = {
@@ -150,7 +145,8 @@ def test_modules_and_variables_passed_as_arguments_are_lifted():
       layer = nn.Dense(3)
       return Apply()(x[None].repeat(2, 0), layer)
 
-  variables, y = init_and_apply(Model(), X)
+  variables = Model().init(KEY, X)
+  y = Model().apply(variables, X)
   kernel = variables['params']['Dense_0']['kernel']
   assert kernel.shape == (4, 3)
   np.testing.assert_allclose(y[0], X @ kernel, rtol=1e-6)

@@ -20,16 +20,16 @@ XS = jnp.stack([X, 2.0 * X, 3.0 * X])  # (3, 2, 4): three steps or three items
 RNGS = {'params': KEY, 'dropout': jax.random.key(1), 'noise': jax.random.key(2)}
 
 
-def init_apply(model, *args, apply_args=None, **apply_kw):
+def init_apply(model, *args, **apply_kw):
   """(output, variables) of init_with_output, and apply's result on those variables."""
   y, variables = model.init_with_output(RNGS, *args)
-  return y, variables, model.apply(variables, *(apply_args or args), **apply_kw)
+  return y, variables, model.apply(variables, *args, **apply_kw)
 
 
 # -- vmap --------------------------------------------------------------------------------
 
 
-def test_vmap_several_collections_in_axes_tuple_and_out_axes_tuple():
+def test_vmap_several_collections_split_or_not_in_axes_tuple_and_out_axes_tuple():
   def build(nn):
     class Inner(nn.Module):
       @nn.compact
@@ -38,29 +38,14 @@ def test_vmap_several_collections_in_axes_tuple_and_out_axes_tuple():
         count.value += 1
         mean = self.variable('stats', 'mean', lambda: jnp.zeros(x.shape[-1:]))
         mean.value = x.mean(0)
+        state = self.variable('state', 's', lambda: jnp.zeros((3,)))  # created inside
+        state.value = state.value + x.sum()
         return nn.Dense(2)(x) + y.sum(), x.sum()
 
-    mapped = nn.vmap(Inner, variable_axes={'params': 0, 'counter': None, 'stats': 1},
-                     split_rngs={'params': True}, in_axes=(0, None), out_axes=(1, 0))
-    return init_apply(mapped(), XS, jnp.ones(2), mutable=['counter', 'stats'])
-  check_linen_parity(build)
-
-
-def test_vmap_split_rngs_true_denylist_and_per_stream_false():
-  def build(nn):
-    class Inner(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        noise = jax.random.normal(self.make_rng('noise'), (2, 2))
-        return nn.Dense(2)(x) + noise + jax.random.normal(self.make_rng('dropout'), (2, 2))
-
-    class Outer(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        splits = [{True: True}, {nn.DenyList('noise'): True}, {'params': True, 'noise': False}]
-        return [nn.vmap(Inner, variable_axes={'params': 0}, split_rngs=s)(name=n)(x)
-                for s, n in zip(splits, 'abc')]
-    return init_apply(Outer(), XS, rngs=RNGS)
+    axes = {'params': 0, 'counter': None, 'stats': 1, 'state': 0}
+    return [init_apply(nn.vmap(Inner, variable_axes=axes, split_rngs={'params': split},
+                               in_axes=(0, None), out_axes=(1, 0))(), XS, jnp.ones(2),
+                       mutable=['counter', 'stats', 'state']) for split in (True, False)]
   check_linen_parity(build)
 
 
@@ -105,20 +90,6 @@ def test_vmap_pytree_in_out_axes_shared_params_and_negative_variable_axis():
   check_linen_parity(build)
 
 
-def test_vmap_collection_created_inside_and_no_split():
-  def build(nn):
-    class Inner(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        state = self.variable('state', 's', lambda: jnp.zeros((3,)))
-        state.value = state.value + x.sum()
-        return nn.Dense(2)(x)
-
-    mapped = nn.vmap(Inner, variable_axes={'state': 0, 'params': 0}, split_rngs={'params': False})
-    return init_apply(mapped(), XS, mutable=['state'])
-  check_linen_parity(build)
-
-
 def test_vmap_methods_list_and_per_method_options():
   def build(nn, by_dict=False):
     class Enc(nn.Module):
@@ -148,31 +119,19 @@ def test_vmap_methods_list_and_per_method_options():
 # -- scan ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize('options', [dict(reverse=True, unroll=2), dict(length=3, unroll=True)],
-                         ids=['reverse_unroll2', 'length_unroll_true'])
-def test_scan_reverse_unroll_and_stacked_params(options):
+@pytest.mark.parametrize('options', [dict(reverse=True, unroll=2),
+                                     dict(length=3, in_axes=(), unroll=True)],
+                         ids=['reverse_unroll2', 'length_without_xs_unroll_true'])
+def test_scan_reverse_unroll_length_and_stacked_params(options):
   def build(nn):
     class Cell(nn.Module):
       @nn.compact
-      def __call__(self, c, x):
-        h = nn.tanh(nn.Dense(4)(x) + c)
+      def __call__(self, c, *xs):
+        h = nn.tanh(nn.Dense(4)(xs[0] if xs else c) + c)
         return h, h
 
     scanned = nn.scan(Cell, variable_axes={'params': 0}, split_rngs={'params': True}, **options)
-    return init_apply(scanned(name='s'), jnp.zeros((2, 4)), XS)
-  check_linen_parity(build)
-
-
-def test_scan_length_without_xs():
-  def build(nn):
-    class Cell(nn.Module):
-      @nn.compact
-      def __call__(self, c):
-        return nn.tanh(nn.Dense(4)(c)), None
-
-    scanned = nn.scan(Cell, variable_axes={'params': 0}, split_rngs={'params': True}, length=3,
-                      in_axes=())
-    return init_apply(scanned(name='s'), X)
+    return init_apply(scanned(name='s'), jnp.zeros((2, 4)), *([] if 'length' in options else [XS]))
   check_linen_parity(build)
 
 
@@ -260,14 +219,15 @@ def test_scan_carries_batch_stats_created_inside_at_init():
   assert_trees_close((y, updated), Unrolled().apply(variables, X, mutable=['batch_stats']), 3)
 
 
-def test_native_params_and_rngs_inside_scan_vmap_and_vmap_in_scan():
+def test_native_params_and_split_or_shared_rngs_inside_scan_vmap_and_vmap_in_scan():
   def build(nn):
     class Native(nn.Module):
       @nn.compact
       def __call__(self, x):
         w = self.param('w', nn.initializers.normal(1.0), (4, 4))
         b = self.param('b', lambda k, s: jax.random.uniform(k, s), (4,))
-        return x @ w + b[None] + jax.random.normal(self.make_rng('noise'), x.shape)
+        noise = jax.random.normal(self.make_rng('noise'), x.shape)
+        return x @ w + b[None] + noise + jax.random.normal(self.make_rng('dropout'), x.shape)
 
     class Cell(nn.Module):
       @nn.compact
@@ -287,11 +247,11 @@ def test_native_params_and_rngs_inside_scan_vmap_and_vmap_in_scan():
         xs = jnp.stack([x, x, x])
         c, ys = nn.scan(Cell, variable_axes={'params': 0},
                         split_rngs={'params': True, 'noise': True})()(x, xs)
-        mapped = nn.vmap(Native, variable_axes={'params': 0},
-                         split_rngs={'params': True, 'noise': False})
+        splits = [{'params': True, 'noise': False}, {True: True}, {nn.DenyList('noise'): True}]
+        mapped = [nn.vmap(Native, variable_axes={'params': 0}, split_rngs=s)()(xs) for s in splits]
         nested = nn.scan(Nested, variable_axes={'params': 1}, split_rngs={'params': True,
                          'noise': True}, length=3, in_axes=nn.broadcast)
-        return c, ys, mapped()(xs), Native()(x) + Native()(x), nested()(x, x)
+        return c, ys, mapped, Native()(x) + Native()(x), nested()(x, x)
     return init_apply(Outer(), X, rngs=RNGS)
   check_linen_parity(build)
 
