@@ -155,9 +155,23 @@ def test_modules_and_variables_passed_as_arguments_are_lifted():
 # -- misuse ---------------------------------------------------------------------------------
 
 
-def test_transforming_an_instance_is_an_error():
-  with pytest.raises(errors.TransformTargetError, match=r'Module class or a method.*nn.vmap'):
-    nn.vmap(nn.Dense(3), variable_axes={'params': 0})
+@pytest.mark.parametrize('call, error, match', [
+    (lambda: nn.vmap(nn.Dense(3), variable_axes={'params': 0}), errors.TransformTargetError,
+     r'Module class or a method.*nn.vmap'),
+    (lambda: nn.lift_transform(lift_scale, nn.Dense(2), 2.0), errors.TransformTargetError,
+     r'nn\.lift_transform\(lift_scale\)'),
+    (lambda: nn.jit(nn.Dense, methods='__call__'), errors.TransformMethodsError,
+     'methods must be None'),
+    (lambda: nn.jit(nn.Dense, methods=['encode']), errors.NotAMethodError, '"encode"'),
+    (lambda: nn.vmap(nn.Dense, variable_axes={'params': 0}, split_rngs={'params': True})(2)(X),
+     errors.UnboundModuleError, 'nn.vmap'),
+    # jit runs an unbound module's method unbound (as Flax): the layer itself then refuses.
+    (lambda: nn.jit(nn.Dense)(2)(X), errors.UnboundModuleError, 'unbound module `Dense`'),
+], ids=['instance', 'lift_transform_instance', 'methods_str', 'not_a_method', 'unbound_vmap',
+        'unbound_jit'])
+def test_misuse_is_an_error(call, error, match):
+  with pytest.raises(error, match=match):
+    call()
 
 
 def test_returning_a_module_from_a_transformed_method_is_an_error():
@@ -177,21 +191,6 @@ def test_returning_a_module_from_a_transformed_method_is_an_error():
     Leaky().init(KEY, X)
   with pytest.raises(errors.TransformedReturnError, match='returned a Variable'):
     Leaky2().init(KEY, X)
-
-
-def test_bad_methods_argument():
-  with pytest.raises(errors.TransformMethodsError, match='methods must be None'):
-    nn.jit(nn.Dense, methods='__call__')
-  with pytest.raises(errors.NotAMethodError, match='"encode"'):
-    nn.jit(nn.Dense, methods=['encode'])
-
-
-def test_calling_a_transformed_method_outside_apply():
-  with pytest.raises(errors.UnboundModuleError, match='nn.vmap'):
-    nn.vmap(nn.Dense, variable_axes={'params': 0}, split_rngs={'params': True})(2)(X)
-  # jit runs an unbound module's method unbound (as Flax): the layer itself then refuses.
-  with pytest.raises(errors.UnboundModuleError, match='unbound module `Dense`'):
-    nn.jit(nn.Dense)(2)(X)
 
 
 def test_fold_rngs_draws_flax_keys():
@@ -372,8 +371,3 @@ def test_lift_transform_gives_one_class_per_transform_and_arguments():
   mine = nn.lift_transform(lift_scale, nn.Dense, 2.0)(2).apply(variables, X)
   theirs = nn.lift_transform(other, nn.Dense, 2.0)(2).apply(variables, X)
   np.testing.assert_array_equal(theirs, -mine)  # one program, the sign of its factor flipped
-
-
-def test_lift_transform_rejects_an_instance():
-  with pytest.raises(errors.TransformTargetError, match=r'nn\.lift_transform\(lift_scale\)'):
-    nn.lift_transform(lift_scale, nn.Dense(2), 2.0)

@@ -29,7 +29,7 @@ def init_apply(model, *args, **apply_kw):
 # -- vmap --------------------------------------------------------------------------------
 
 
-def test_vmap_several_collections_split_or_not_in_axes_tuple_and_out_axes_tuple():
+def test_vmap_several_collections_split_or_not_axis_name_in_axes_and_out_axes_tuples():
   def build(nn):
     class Inner(nn.Module):
       @nn.compact
@@ -37,35 +37,20 @@ def test_vmap_several_collections_split_or_not_in_axes_tuple_and_out_axes_tuple(
         count = self.variable('counter', 'n', lambda: jnp.zeros((), jnp.int32))
         count.value += 1
         mean = self.variable('stats', 'mean', lambda: jnp.zeros(x.shape[-1:]))
-        mean.value = x.mean(0)
+        mean.value = jax.lax.pmean(x, 'batch').mean(0)
         state = self.variable('state', 's', lambda: jnp.zeros((3,)))  # created inside
         state.value = state.value + x.sum()
-        return nn.Dense(2)(x) + y.sum(), x.sum()
+        return nn.Dense(2)(x - mean.value[None]) + y.sum(), x.sum()
 
     axes = {'params': 0, 'counter': None, 'stats': 1, 'state': 0}
-    return [init_apply(nn.vmap(Inner, variable_axes=axes, split_rngs={'params': split},
-                               in_axes=(0, None), out_axes=(1, 0))(), XS, jnp.ones(2),
-                       mutable=['counter', 'stats', 'state']) for split in (True, False)]
-  check_linen_parity(build)
-
-
-def test_vmap_axis_name_with_pmean_and_shared_collections():
-  def build(nn):
-    class Inner(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        stats = self.variable('batch_stats', 'mean', lambda: jnp.zeros(x.shape[-1:]))
-        stats.value = mean = jax.lax.pmean(x, 'batch')
-        return nn.Dense(2)(x - mean)
-
-    class Outer(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        shared = dict(variable_axes={'params': None, 'batch_stats': None},
-                      split_rngs={'params': False}, axis_name='batch')
-        bn = nn.vmap(nn.BatchNorm, **shared)(use_running_average=False, axis_name='batch')
-        return nn.vmap(Inner, **shared)(name='v')(x), bn(x)
-    return init_apply(Outer(), X, mutable=['batch_stats'])
+    mapped = [init_apply(nn.vmap(Inner, variable_axes=axes, split_rngs={'params': split},
+                                 in_axes=(0, None), out_axes=(1, 0), axis_name='batch')(),
+                         XS, jnp.ones(2), mutable=['counter', 'stats', 'state'])
+              for split in (True, False)]
+    bn = nn.vmap(nn.BatchNorm, variable_axes={'params': None, 'batch_stats': None},
+                 split_rngs={'params': False}, axis_name='batch')
+    return mapped, init_apply(bn(use_running_average=False, axis_name='batch'), X,
+                              mutable=['batch_stats'])
   check_linen_parity(build)
 
 
