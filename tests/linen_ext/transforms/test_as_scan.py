@@ -1,19 +1,35 @@
-"""as_scan at module level: the step derived from a linen_ext model's training-mode apply."""
+"""as_scan at module level: the step derived from a linen_ext model's training-mode apply.
+
+Oracle: the model's apply on the whole sequence. The step runs other programs than
+the full apply, so results agree within the tolerance of the model's depth.
+"""
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import lift
 import linen_ext as nn
 from examples.causal_lm import TinyLM
+from tests.helpers import assert_trees_close
+
+DEPTH = 16  # two blocks of a causal LM: conv, attention, MLP and norms
 
 
-@pytest.fixture(scope='module')
-def model_and_variables():
-  model = TinyLM(vocab=11, d_model=16, heads=2, depth=2)
-  tokens = jax.random.randint(jax.random.key(0), (2, 9), 0, 11)
-  return model, model.init(jax.random.key(1), tokens), tokens
+class CumsumNet(nn.Module):
+  @nn.compact
+  def __call__(self, x):  # [batch, length, features] or [length, features]
+    h = nn.Conv(4, kernel_size=(2,), padding='CAUSAL')(x)
+    return nn.Dense(2)(jnp.cumsum(h, axis=-2))
+
+
+@pytest.fixture(scope='module', params=['lm', 'cumsum'])
+def model_and_variables(request):
+  if request.param == 'lm':
+    model = TinyLM(vocab=11, d_model=16, heads=2, depth=2)
+    inputs = jax.random.randint(jax.random.key(0), (2, 9), 0, 11)
+  else:
+    model, inputs = CumsumNet(), jax.random.normal(jax.random.key(6), (2, 9, 3))
+  return model, model.init(jax.random.key(1), inputs), inputs
 
 
 def run_steps(step, carry, frames):
@@ -21,27 +37,35 @@ def run_steps(step, carry, frames):
 
 
 def test_plain_as_scan_of_apply_equals_apply(model_and_variables):
-  model, variables, tokens = model_and_variables
-  time_first = tokens.T  # [length, batch]
-  g = lambda xs: jnp.moveaxis(model.apply(variables, xs.T), 1, 0)
+  model, variables, inputs = model_and_variables
+  time_first = jnp.moveaxis(inputs, 1, 0)  # [length, batch, ...]
+  g = lambda xs: jnp.moveaxis(model.apply(variables, jnp.moveaxis(xs, 0, 1)), 1, 0)
   step, carry = lift.as_scan(g, time_first)
-  np.testing.assert_allclose(run_steps(step, carry, time_first), g(time_first), atol=1e-5)
+  assert_trees_close(run_steps(step, carry, time_first), g(time_first), DEPTH)
 
 
 def test_module_as_scan_with_time_axis_equals_apply(model_and_variables):
-  model, variables, tokens = model_and_variables
-  step, carry = nn.as_scan(model, variables, tokens, time_axis=1)
-  logits = run_steps(step, carry, tokens.T)  # [length, batch, vocab]
-  np.testing.assert_allclose(jnp.moveaxis(logits, 0, 1), model.apply(variables, tokens), atol=1e-5)
+  model, variables, inputs = model_and_variables
+  step, carry = nn.as_scan(model, variables, inputs, time_axis=1)
+  outputs = run_steps(step, carry, jnp.moveaxis(inputs, 1, 0))  # [length, batch, ...]
+  assert_trees_close(jnp.moveaxis(outputs, 0, 1), model.apply(variables, inputs), DEPTH)
 
 
 def test_module_as_scan_with_prefill_continues_after_the_prompt(model_and_variables):
-  model, variables, tokens = model_and_variables
-  step, carry, out_prefill = nn.as_scan(model, variables, tokens, time_axis=1, prefill=tokens[:, :4])
-  full = model.apply(variables, tokens)
-  np.testing.assert_allclose(out_prefill, full[:, :4], atol=1e-5)
-  rest = run_steps(step, carry, tokens[:, 4:].T)
-  np.testing.assert_allclose(jnp.moveaxis(rest, 0, 1), full[:, 4:], atol=1e-5)
+  model, variables, inputs = model_and_variables
+  step, carry, out_prefill = nn.as_scan(model, variables, inputs, time_axis=1,
+                                        prefill=inputs[:, :4])
+  full = model.apply(variables, inputs)
+  assert_trees_close(out_prefill, full[:, :4], DEPTH)
+  rest = run_steps(step, carry, jnp.moveaxis(inputs[:, 4:], 1, 0))
+  assert_trees_close(jnp.moveaxis(rest, 0, 1), full[:, 4:], DEPTH)
+
+
+def test_module_as_scan_defaults_to_time_first():
+  xs = jax.random.normal(jax.random.key(5), (6, 3))  # [length, features]
+  variables = CumsumNet().init(jax.random.key(0), xs)
+  step, carry = nn.as_scan(CumsumNet(), variables, xs)
+  assert_trees_close(run_steps(step, carry, xs), CumsumNet().apply(variables, xs), DEPTH)
 
 
 class LooksAhead(nn.Module):
@@ -50,11 +74,15 @@ class LooksAhead(nn.Module):
     return nn.Conv(4, kernel_size=(3,), padding='SAME')(x)
 
 
-def test_non_causal_module_raises_naming_the_primitive():
+@pytest.mark.parametrize('level', ['module', 'function'])
+def test_non_causal_module_raises_naming_the_primitive(level):
   x = jnp.ones((1, 6, 2))
   variables = LooksAhead().init(jax.random.key(0), x)
   with pytest.raises(lift.ScanConversionError, match='conv_general_dilated'):
-    nn.as_scan(LooksAhead(), variables, x, time_axis=1)
+    if level == 'module':
+      nn.as_scan(LooksAhead(), variables, x, time_axis=1)
+    else:
+      lift.as_scan(lambda z: LooksAhead().apply(variables, z[None])[0], x[0])
 
 
 def test_causal_lm_example_generates_what_full_recomputation_generates():

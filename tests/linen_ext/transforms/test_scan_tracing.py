@@ -10,10 +10,10 @@ pre-pass's trace; otherwise the step is traced again, with Flax's keys.
 import flax.linen as flax_nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import linen_ext as nn
+from tests.helpers import assert_trees_close, assert_trees_equal
 
 KEY = jax.random.key(0)
 XS = jnp.linspace(-1.0, 1.0, 24).reshape(3, 2, 4)
@@ -45,8 +45,7 @@ def test_apply_traces_the_step_once_with_flax_values(check):
   y = model.apply(variables, XS[0], XS)
   assert len(traces) == 1  # Flax: 2 with the check, 1 without
   reference, _ = counted(flax_nn, check)
-  for a, b in zip(jax.tree.leaves(y), jax.tree.leaves(reference.apply(variables, XS[0], XS))):
-    np.testing.assert_array_equal(a, b)
+  assert_trees_equal(y, reference.apply(variables, XS[0], XS))
 
 
 @pytest.mark.parametrize('check, expected', [(True, 2), (False, 1)])
@@ -58,8 +57,7 @@ def test_init_traces_as_flax(check, expected):
   reference, flax_traces = counted(flax_nn, check)
   expected_variables = reference.init(KEY, XS[0], XS)
   assert len(traces) == len(flax_traces) == expected
-  for a, b in zip(jax.tree.leaves(variables), jax.tree.leaves(expected_variables)):
-    np.testing.assert_array_equal(a, b)
+  assert_trees_equal(variables, expected_variables)
 
 
 def test_a_step_drawing_new_keys_is_traced_again_for_flax_keys():
@@ -70,9 +68,7 @@ def test_a_step_drawing_new_keys_is_traced_again_for_flax_keys():
   y = model.apply(variables, XS[0], XS, rngs=rngs)
   assert len(traces) == 2
   reference, _ = counted(flax_nn, True, dropout=True)
-  for a, b in zip(jax.tree.leaves(y),
-                  jax.tree.leaves(reference.apply(variables, XS[0], XS, rngs=rngs))):
-    np.testing.assert_array_equal(a, b)
+  assert_trees_equal(y, reference.apply(variables, XS[0], XS, rngs=rngs))
 
 
 def test_remat_policies_run_the_reused_trace():
@@ -89,6 +85,20 @@ def test_remat_policies_run_the_reused_trace():
   variables = nn.scan(Cell, variable_axes={'params': 0}, split_rngs={'params': True},
                       length=3)().init(KEY, XS[0], XS)
   expected = jax.grad(loss)(variables, False)
-  for remat in (True, 'nested', 'save_all'):
-    for a, b in zip(jax.tree.leaves(jax.grad(loss)(variables, remat)), jax.tree.leaves(expected)):
-      np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+  for remat in (True, 'nested', 'save_all'):  # 3 steps of Dense and tanh, and their gradients
+    assert_trees_close(jax.grad(loss)(variables, remat), expected, depth=6)
+
+
+def test_broadcast_params_created_in_the_body_are_kept_without_the_check():
+  """Flax with check_constancy_invariants=False silently drops broadcast params created in the
+  body; ours keeps them (never silently dropped), equal to Flax's default."""
+  def init(lib, **flag):
+    class Cell(lib.Module):
+      @lib.compact
+      def __call__(self, c, x):
+        return c + lib.Dense(4)(x), None
+
+    layers = lib.scan(Cell, variable_broadcast='params', split_rngs={'params': False}, **flag)
+    return layers().init_with_output(KEY, jnp.zeros((2, 4)), XS)
+  assert init(flax_nn, check_constancy_invariants=False)[1] == {}
+  assert_trees_equal(init(nn, check_constancy_invariants=False), init(flax_nn))

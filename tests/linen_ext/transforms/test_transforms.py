@@ -1,88 +1,91 @@
-"""Module transforms: class and decorator forms, naming, setup inside, jit caching, misuse.
+"""Module transforms: class, decorator and methods= forms, naming, setup inside, misuse.
 
-Oracles: flax.linen on the same model source (variable trees and values), and
-the class form against the decorator form of the same transform.
+Oracles: flax.linen on the same model source (variable trees and values); where Flax
+has no such transform or form, the same model without it or Flax's class form.
 """
-import dataclasses
 import functools
-from typing import Any
 
+import flax
 import flax.linen as flax_nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import serialization
 from jax.sharding import PartitionSpec as P
 
 import lift
 import linen_ext as nn
 from linen_ext import errors
-from tests.helpers import assert_trees_close, tolerance
+from tests.helpers import assert_trees_equal, check_linen_parity, tolerance
 
 KEY = jax.random.key(0)
 X = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
 
 
-def assert_same(a, b):
-  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
-  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-6)
-
-
-def init_and_apply(model, *args, **kwargs):
-  variables = model.init(KEY, *args, **kwargs)
-  return variables, model.apply(variables, *args, **kwargs)
-
-
-# -- the same model, transformed as a class and through a decorated method ---------------
+# -- the same model, transformed as a class, through a decorated method, with methods= -----
 
 TRANSFORMS = {
     'vmap': dict(variable_axes={'params': 0}, split_rngs={'params': True}),
     'scan': dict(variable_axes={'params': 0}, split_rngs={'params': True}, length=3),
-    'checkpoint': dict(prevent_cse=False),
-    'jit': dict(),
+    'checkpoint': dict(prevent_cse=False), 'remat': {}, 'jit': {},
     'map_variables': dict(mapped_collections='params', init=True,
-                          trans_in_fn=lambda v: jax.tree_util.tree_map(lambda a: 2 * a, v),
-                          trans_out_fn=lambda v: jax.tree_util.tree_map(lambda a: a / 2, v)),
-    'remat_scan': dict(lengths=(2, 2)),
-    'fold_rngs': dict(),
-    'shard_map': dict(mesh=jax.make_mesh((1,), ('data',)), in_specs=P(),
-                      out_specs=P(), variable_specs={'params': P()},
-                      split_rngs={'params': False}),
+                          trans_in_fn=lambda v: jax.tree.map(lambda a: 2 * a, v),
+                          trans_out_fn=lambda v: jax.tree.map(lambda a: a / 2, v)),
+    'remat_scan': dict(lengths=(2, 2)), 'fold_rngs': {},
+    'add_metadata_axis': dict(variable_axes={'params': 0}, metadata_params={}),
+    'shard_map': dict(mesh=jax.make_mesh((1,), ('data',)), in_specs=P(), out_specs=P(),
+                      variable_specs={'params': P()}, split_rngs={'params': False}),
 }
-STEP = {'scan': lambda y: (y, y.sum()), 'remat_scan': lambda y: y}
+FORMS = ['class', 'method', 'methods=']
 
 
-def block_classes(transform, options):
-  step = STEP.get(transform, lambda y: y)
+def transformed(nn, transform, form):
+  """``transform`` (None: no transform) applied in ``form``; a Module named 'block'."""
+  tr = getattr(nn, transform) if transform else (lambda target, **_: target)
+  options = TRANSFORMS.get(transform, {})
+  step = (lambda y: (y, y.sum())) if transform == 'scan' else (lambda y: y)
 
   class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x, *rest):
+      return step(nn.tanh(nn.Dense(4)(x)))
+
+    def other(self, x, *rest):
+      return self(x, *rest)
+
+  class Decorated(nn.Module):  # a setup module with a decorated method
     def setup(self):
       self.dense = nn.Dense(4)
 
+    @functools.partial(tr, **options)
     def __call__(self, x, *rest):
       return step(nn.tanh(self.dense(x)))
 
-  class Decorated(nn.Module):
-    def setup(self):
-      self.dense = nn.Dense(4)
-
-    @functools.partial(getattr(nn, transform), **options)
-    def __call__(self, x, *rest):
-      return step(nn.tanh(self.dense(x)))
-
-  return getattr(nn, transform)(Block, **options), Decorated
+  if form == 'method':
+    return Decorated(name='block')
+  return tr(Block, **options, **({'methods': ['other']} if form == 'methods=' else {}))(name='block')
 
 
+@pytest.mark.parametrize('form', FORMS)
 @pytest.mark.parametrize('transform', sorted(TRANSFORMS))
-def test_class_and_decorator_forms_agree(transform):
-  transformed, decorated = block_classes(transform, TRANSFORMS[transform])
+def test_transform_forms_match_flax(transform, form):
   args = (X, None) if transform == 'scan' else (X,)
-  v_class, y_class = init_and_apply(transformed(name='block'), *args)
-  v_method, y_method = init_and_apply(decorated(name='block'), *args)
-  assert_same(v_class, v_method)
-  assert_same(y_class, y_method)
+  method = 'other' if form == 'methods=' else None
+
+  def run(nn, transform, form):
+    model = transformed(nn, transform, form)
+    y, variables = model.init_with_output(KEY, *args, method=method)
+    return y, variables, model.apply(variables, *args, method=method)
+
+  ours = run(nn, transform, form)
+  if transform in ('jit', 'shard_map'):  # the oracle: the same model untransformed
+    assert_trees_equal(ours, run(nn, None, form))
+    if transform == 'jit':  # Flax's jit draws other keys for wrapped layers: shapes only
+      assert (jax.tree.map(jnp.shape, ours) == jax.tree.map(jnp.shape, run(flax_nn, 'jit', form)))
+  elif form == 'methods=' and transform in ('fold_rngs', 'add_metadata_axis', 'remat_scan'):
+    assert_trees_equal(ours, run(flax_nn, transform, 'class'))  # Flax has no methods= here
+  else:
+    assert_trees_equal(ours, run(flax_nn, transform, form))
 
 
 def test_transformed_class_names_follow_flax():
@@ -106,26 +109,6 @@ def test_transformed_class_names_follow_flax():
   assert nn.vmap(nn.Dense).__name__ == 'VmapDense'
 
 
-def test_methods_list_and_per_method_options():
-  class Pair(nn.Module):
-    def setup(self):
-      self.dense = nn.Dense(3)
-
-    def encode(self, x):
-      return self.dense(x)
-
-    def __call__(self, x):
-      return self.encode(x)
-
-  axes = dict(variable_axes={'params': 0}, split_rngs={'params': True})
-  by_list = nn.vmap(Pair, methods=['encode', '__call__'], **axes)
-  by_dict = nn.vmap(Pair, methods={'encode': axes, '__call__': axes})
-  v_list = by_list().init(KEY, X, method='encode')
-  v_dict = by_dict().init(KEY, X, method='encode')
-  assert_same(v_list, v_dict)
-  assert v_list['params']['dense']['kernel'].shape == (2, 4, 3)
-
-
 def test_setup_submodules_and_field_modules_inside_transforms_match_flax():
   def make(nn):
     class Shared(nn.Module):
@@ -144,10 +127,9 @@ def test_setup_submodules_and_field_modules_inside_transforms_match_flax():
         return Shared(nn.Dense(2, name='head'))(x)
     return Model()
 
-  ours, theirs = make(nn).init(KEY, X), make(flax_nn).init(KEY, X)
-  assert_same(ours, theirs)
-  assert ours['params']['head']['kernel'].shape == (2, 4, 2)
-  assert_same(make(nn).apply(ours, X), make(flax_nn).apply(theirs, X))
+  variables = make(flax_nn).init(KEY, X)
+  ours, _ = check_linen_parity(lambda nn: (make(nn).init(KEY, X), make(nn).apply(variables, X)))
+  assert ours[0]['params']['head']['kernel'].shape == (2, 4, 2)
 
 
 def test_modules_and_variables_passed_as_arguments_are_lifted():
@@ -163,180 +145,33 @@ def test_modules_and_variables_passed_as_arguments_are_lifted():
       layer = nn.Dense(3)
       return Apply()(x[None].repeat(2, 0), layer)
 
-  variables, y = init_and_apply(Model(), X)
+  variables = Model().init(KEY, X)
+  y = Model().apply(variables, X)
   kernel = variables['params']['Dense_0']['kernel']
   assert kernel.shape == (4, 3)
   np.testing.assert_allclose(y[0], X @ kernel, rtol=1e-6)
 
 
-# -- jit: one trace per input structure ----------------------------------------------------
-
-
-def test_jit_traces_once_per_input_structure():
-  traces = []
-
-  class Block(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      traces.append(x.shape)
-      return nn.Dense(4)(x)
-
-  class Model(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      block = nn.jit(Block)(name='block')
-      for _ in range(3):
-        x = block(x)  # the same instance, called repeatedly
-      fresh = [nn.jit(Block)(name=f'fresh{i}')(x) for i in range(2)]  # same configuration
-      return x + fresh[0] + fresh[1] + block(x[:1])
-
-  model = Model()
-  variables = model.init(KEY, X)
-  at_init = len(traces)
-  for _ in range(3):
-    model.apply(variables, X)
-  assert set(traces) == {(2, 4), (1, 4)}
-  # 18 calls in 3 applies, same instance and fresh ones: one trace per input shape.
-  assert len(traces) - at_init == 2
-
-
-def test_jit_static_argnums_count_self_and_static_argnames_work():
-  traces = []
-
-  class Scale(nn.Module):
-    @functools.partial(nn.jit, static_argnums=(2,), static_argnames=('power',))
-    @nn.compact
-    def __call__(self, x, factor, power=1):
-      traces.append((factor, power))
-      return nn.Dense(2)(x) * factor ** power
-
-  variables = Scale().init(KEY, X, 2.0, power=2)
-  y = Scale().apply(variables, X, 2.0, power=2)
-  y3 = Scale().apply(variables, X, 3.0, power=2)
-  np.testing.assert_allclose(y3 / 9.0, y / 4.0, rtol=1e-5)
-  assert {t for t in traces} == {(2.0, 2), (3.0, 2)}
-
-
-
-def test_jit_on_methods_of_an_unbound_module_as_flax():
-  """Flax lets nn.jit wrap a method called on an unbound module (e.g. init_with_output)."""
-  traces = []
-
-  def make(nn):
-    class Agent(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        return nn.Dense(3)(x)
-
-      @nn.jit
-      def init_with_output(self, rngs, *args, **kwargs):
-        traces.append(nn.__name__)
-        return super().init_with_output(rngs, *args, **kwargs)
-
-      @functools.partial(nn.jit, static_argnums=(2,))
-      def loss(self, variables, scale, x):
-        assert isinstance(scale, float)  # static: self is argument 0
-        return jnp.sum(self.apply(variables, x) ** 2) * scale
-    return Agent
-
-  Agent = make(nn)
-  y, variables = Agent().init_with_output(KEY, X)
-  assert_same((y, variables), make(flax_nn)().init_with_output(KEY, X))
-  assert_same(Agent().init_with_output(KEY, X), (y, variables))  # same configuration
-  assert traces == ['linen_ext', 'flax.linen']  # traced once each
-  agent = Agent()
-  expected = jnp.sum((X @ variables['params']['Dense_0']['kernel']
-                      + variables['params']['Dense_0']['bias'][None]) ** 2) * 2.0
-  np.testing.assert_allclose(agent.loss(variables, 2.0, X), expected, rtol=1e-5)
-  grads = jax.grad(agent.loss)(variables, 2.0, X)
-  assert jax.tree.structure(grads) == jax.tree.structure(variables)
-
-
-def test_jit_traces_again_for_another_capture_filter():
-  """Flax's nn.jit reuses the trace made for the first filter; ours captures as without jit."""
-  def captured(jit, filters):
-    class Block(nn.Module):
-      @(nn.jit if jit else (lambda f: f))
-      @nn.compact
-      def __call__(self, x):
-        return nn.Dense(3)(x)
-
-    class Model(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        return Block()(x)
-
-    variables = Model().init(KEY, X)
-    return [Model().apply(variables, X, capture_intermediates=f, mutable=['intermediates'])[1]
-            for f in filters]
-
-  @dataclasses.dataclass  # an unhashable filter object
-  class OnlyClass:
-    name: str
-
-    def __call__(self, module, method):
-      return type(module).__name__ == self.name
-
-  filters = [True, OnlyClass('Dense'), OnlyClass('Block')]
-  ours = captured(True, filters)
-  assert_same(ours, captured(False, filters))
-  assert list(ours[1]['intermediates']['Block_0']) == ['Dense_0']
-  assert list(ours[2]['intermediates']['Block_0']) == ['__call__']
-
-
-def test_checkpoint_static_argnums_count_self():
-  class Block(nn.Module):
-    @functools.partial(nn.checkpoint, static_argnums=(2,))
-    @nn.compact
-    def __call__(self, x, train):
-      return nn.Dropout(0.5)(nn.Dense(4)(x), deterministic=not train)
-
-  variables = Block().init(KEY, X, False)
-  grad = jax.grad(lambda v: Block().apply(v, X, True, rngs={'dropout': KEY}).sum())(variables)
-  assert grad['params']['Dense_0']['kernel'].shape == (4, 4)
-
-
-# -- scan with state created inside during init --------------------------------------------
-
-
-def test_scan_carries_batch_stats_created_inside_at_init():
-  class Step(nn.Module):
-    @nn.compact
-    def __call__(self, x, _):
-      y = nn.BatchNorm(use_running_average=False, momentum=0.5)(nn.Dense(4)(x))
-      return y, y.mean()
-
-  class Net(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      steps = nn.scan(Step, variable_broadcast='params', variable_carry='batch_stats',
-                      split_rngs={'params': False}, length=3)
-      return steps(name='steps')(x, None)
-
-  variables = Net().init(KEY, X)
-  assert variables['batch_stats']['steps']['BatchNorm_0']['mean'].shape == (4,)
-  (y, means), updated = Net().apply(variables, X, mutable=['batch_stats'])
-  assert means.shape == (3,)
-  # The oracle: the same three steps, unrolled.
-  class Unrolled(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      step = Step(name='steps')
-      for _ in range(3):
-        x, _ = step(x, None)
-      return x
-
-  y_unrolled, updated_unrolled = Unrolled().apply(variables, X, mutable=['batch_stats'])
-  # A loop body and its unrolled copy round differently: 3 Dense + BatchNorm layers.
-  assert_trees_close((y, updated), (y_unrolled, updated_unrolled), depth=3)
-
-
 # -- misuse ---------------------------------------------------------------------------------
 
 
-def test_transforming_an_instance_is_an_error():
-  with pytest.raises(errors.TransformTargetError, match=r'Module class or a method.*nn.vmap'):
-    nn.vmap(nn.Dense(3), variable_axes={'params': 0})
+@pytest.mark.parametrize('call, error, match', [
+    (lambda: nn.vmap(nn.Dense(3), variable_axes={'params': 0}), errors.TransformTargetError,
+     r'Module class or a method.*nn.vmap'),
+    (lambda: nn.lift_transform(lift_scale, nn.Dense(2), 2.0), errors.TransformTargetError,
+     r'nn\.lift_transform\(lift_scale\)'),
+    (lambda: nn.jit(nn.Dense, methods='__call__'), errors.TransformMethodsError,
+     'methods must be None'),
+    (lambda: nn.jit(nn.Dense, methods=['encode']), errors.NotAMethodError, '"encode"'),
+    (lambda: nn.vmap(nn.Dense, variable_axes={'params': 0}, split_rngs={'params': True})(2)(X),
+     errors.UnboundModuleError, 'nn.vmap'),
+    # jit runs an unbound module's method unbound (as Flax): the layer itself then refuses.
+    (lambda: nn.jit(nn.Dense)(2)(X), errors.UnboundModuleError, 'unbound module `Dense`'),
+], ids=['instance', 'lift_transform_instance', 'methods_str', 'not_a_method', 'unbound_vmap',
+        'unbound_jit'])
+def test_misuse_is_an_error(call, error, match):
+  with pytest.raises(error, match=match):
+    call()
 
 
 def test_returning_a_module_from_a_transformed_method_is_an_error():
@@ -358,137 +193,6 @@ def test_returning_a_module_from_a_transformed_method_is_an_error():
     Leaky2().init(KEY, X)
 
 
-def test_wrong_static_argnums_is_an_error_at_decoration():
-  with pytest.raises(errors.StaticArgnumsError, match=r'position 3.*\[.self., .x., .train.\]'):
-    class Block(nn.Module):  # noqa: F841
-      @functools.partial(nn.jit, static_argnums=(3,))
-      def __call__(self, x, train):
-        return x
-  with pytest.raises(errors.StaticArgnumsError, match='non-negative'):
-    nn.checkpoint(nn.Dense, static_argnums=(-1,))
-
-
-def test_bad_methods_argument():
-  with pytest.raises(errors.TransformMethodsError, match='methods must be None'):
-    nn.jit(nn.Dense, methods='__call__')
-  with pytest.raises(errors.NotAMethodError, match='"encode"'):
-    nn.jit(nn.Dense, methods=['encode'])
-
-
-def test_calling_a_transformed_method_outside_apply():
-  with pytest.raises(errors.UnboundModuleError, match='nn.vmap'):
-    nn.vmap(nn.Dense, variable_axes={'params': 0}, split_rngs={'params': True})(2)(X)
-  # jit runs an unbound module's method unbound (as Flax): the layer itself then refuses.
-  with pytest.raises(errors.UnboundModuleError, match='unbound module `Dense`'):
-    nn.jit(nn.Dense)(2)(X)
-
-
-# -- Flax's direct transforms: nn.cond(pred, f, g, self, x) and friends -------------------
-
-
-def direct_models(nn):
-  class LearnScale(nn.Module):
-    @nn.compact
-    def __call__(self, x, y):
-      return self.param('scale', nn.initializers.ones_init(), ()) * x * y
-
-  class Cond(nn.Module):
-    @nn.compact
-    def __call__(self, x, pred):
-      self.variable('state', 'true_count', lambda: 0)
-      self.variable('state', 'false_count', lambda: 0)
-
-      def true_fn(mdl, x):
-        mdl.variable('state', 'true_count').value += 1
-        return nn.Dense(2, name='dense')(x)
-
-      def false_fn(mdl, x):
-        mdl.variable('state', 'false_count').value += 1
-        return -nn.Dense(2, name='dense')(x)
-
-      return nn.cond(pred, true_fn, false_fn, self, x)
-
-  class Switch(nn.Module):
-    @nn.compact
-    def __call__(self, x, index):
-      branches = [lambda m, x: nn.Dense(3, name='a')(x),
-                  lambda m, x: nn.Dense(3, name='a')(x) + 1.0]
-      return nn.switch(index, branches, self, x)
-
-  class While(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      dense = nn.Dense(4)
-      dense(x)
-      return nn.while_loop(lambda m, c: jnp.abs(c).sum() < 100.0, lambda m, c: dense(c) * 2.0,
-                           self, x)
-
-  class Vjp(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      z, bwd = nn.vjp(lambda m, x, y: m(x, y), LearnScale(), x, x)
-      return z, bwd(jnp.ones_like(z))
-
-  class Jvp(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      scale = LearnScale()
-      scale(x, x)
-      return nn.jvp(lambda m, x: m(x, x), scale, (x,), (jnp.ones_like(x),),
-                    {'params': {'scale': jnp.array(1.0)}})
-
-  class Grad(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      dense = nn.Dense(2)
-      dense(x)
-      loss = lambda m, x: (m(x) ** 2).sum()
-      with_aux = lambda m, x: ((m(x) ** 2).sum(), x.sum())
-      return (nn.grad(loss, dense, x), nn.value_and_grad(loss, dense, x),
-              nn.grad(with_aux, dense, x, has_aux=True))
-
-  class SignGrad(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      f = lambda mdl, x: mdl(x)
-      fwd = lambda mdl, x: nn.vjp(f, mdl, x)
-
-      def bwd(vjp_fn, y_t):
-        params_t, *inputs_t = vjp_fn(y_t)
-        return (jax.tree_util.tree_map(jnp.sign, params_t), *inputs_t)
-
-      return nn.custom_vjp(f, forward_fn=fwd, backward_fn=bwd)(nn.Dense(1), x).sum()
-
-  return {'cond': (Cond(), (X, True)), 'switch': (Switch(), (X, 0)), 'while_loop': (While(), (X,)),
-          'vjp': (Vjp(), (X,)), 'jvp': (Jvp(), (X,)), 'grad': (Grad(), (X,)),
-          'custom_vjp': (SignGrad(), (X,))}
-
-
-@pytest.mark.parametrize('name', ['cond', 'switch', 'while_loop', 'vjp', 'jvp', 'grad',
-                                  'custom_vjp'])
-def test_direct_transforms_match_flax(name):
-  ours, args = direct_models(nn)[name]
-  theirs, _ = direct_models(flax_nn)[name]
-  variables = theirs.init(KEY, *args)
-  assert_same(ours.init(KEY, *args), variables)
-  assert_same(ours.apply(variables, *args, mutable=True), theirs.apply(variables, *args, mutable=True))
-  if name == 'custom_vjp':
-    grads = jax.grad(lambda v: ours.apply(v, *args))(variables)
-    assert_same(grads, jax.grad(lambda v: theirs.apply(v, *args))(variables))
-    assert set(np.unique(np.abs(grads['params']['Dense_0']['kernel']))) == {1.0}
-
-
-def test_cond_and_switch_take_the_selected_branch():
-  model, _ = direct_models(nn)['switch']
-  variables = model.init(KEY, X, 1)
-  kernel, bias = variables['params']['a']['kernel'], variables['params']['a']['bias']
-  assert_same(model.apply(variables, X, 1), X @ kernel + bias[None] + 1.0)
-  cond, _ = direct_models(nn)['cond']
-  _, state = cond.apply(cond.init(KEY, X, True), X, False, mutable=['state'])
-  # init took the true branch; this apply the false one.
-  assert (int(state['state']['true_count']), int(state['state']['false_count'])) == (1, 1)
-
-
 def test_fold_rngs_draws_flax_keys():
   def make(nn):
     class Noisy(nn.Module):
@@ -505,209 +209,7 @@ def test_fold_rngs_draws_flax_keys():
 
   rngs = {'params': KEY, 'dropout': jax.random.key(1)}
   variables = make(flax_nn).init(rngs, X)
-  assert_same(make(nn).init(rngs, X), variables)
-  assert_same(make(nn).apply(variables, X, rngs=rngs), make(flax_nn).apply(variables, X, rngs=rngs))
-
-
-def test_shard_map_on_a_one_device_mesh_equals_the_plain_module():
-  mesh = jax.make_mesh((1,), ('data',))
-  sharded = nn.shard_map(nn.Dense, mesh, in_specs=P(), out_specs=P(),
-                         variable_specs={'params': P()}, split_rngs={'params': False})
-  variables = sharded(3, name='dense').init(KEY, X)
-  assert_same(variables, nn.Dense(3, name='dense').init(KEY, X))
-  assert_same(sharded(3).apply(variables, X), nn.Dense(3).apply(variables, X))
-
-
-def test_vjp_needs_a_single_scope():
-  class Twice(nn.Module):
-    inner: nn.Module
-
-    def __call__(self, x):
-      return self.inner(x)
-
-  class Model(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      twice = Twice(nn.Dense(2))
-      twice(x)
-      return nn.vjp(lambda m, x: m(x), twice, x)[0]
-
-  with pytest.raises(errors.MultipleScopesError, match='2 scopes.*multi_scope=True'):
-    Model().init(KEY, X)
-
-
-def test_grad_of_a_vector_output_is_an_error():
-  class Model(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      dense = nn.Dense(2)
-      dense(x)
-      return nn.grad(lambda m, x: m(x), dense, x)
-
-  with pytest.raises(errors.NonScalarOutputError, match=r'shape \(2, 2\).*sum\(\)'):
-    Model().init(KEY, X)
-
-
-def test_jit_draws_the_keys_of_the_unjitted_model():
-  def make(nn, jit):
-    class Block(nn.Module):
-      def setup(self):
-        self.w = self.param('w', nn.initializers.normal(1.0), (4, 4))
-        self.drop = nn.Dropout(0.5, deterministic=False)
-
-      def __call__(self, x):
-        noise = jax.random.normal(self.make_rng('dropout'), x.shape[-1:])
-        return self.drop(x @ self.w) + noise[None]
-
-    class Net(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        block = (nn.jit(Block) if jit else Block)(name='block')
-        return block(block(x))
-    return Net()
-
-  rngs = {'params': KEY, 'dropout': jax.random.key(1)}
-  variables = make(flax_nn, False).init(rngs, X)
-  assert_same(make(nn, True).init(rngs, X), variables)
-  expected = make(flax_nn, False).apply(variables, X, rngs=rngs)
-  assert_same(make(nn, True).apply(variables, X, rngs=rngs), expected)
-
-
-def test_jit_of_a_module_with_an_unhashable_field():
-  class Scaled(nn.Module):
-    scale: jax.Array
-
-    @nn.jit
-    def __call__(self, x):
-      return x * self.scale
-
-  class Model(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      return Scaled(jnp.ones(4))(x)
-
-  with pytest.raises(errors.UnhashableModuleError, match='field `Scaled.scale` is not hashable'):
-    Model().init(KEY, X)
-
-
-@dataclasses.dataclass  # eq without frozen: not hashable
-class _Config:
-  scale: float
-  offsets: list
-
-
-@pytest.mark.parametrize('field, doubled', [
-    (np.array([1.0, 2.0, 3.0, 4.0], np.float32), np.array([2.0, 4.0, 6.0, 8.0], np.float32)),
-    (_Config(2.0, [1.0]), _Config(4.0, [2.0])),
-    ({3.0, 1.0}, {6.0, 2.0}),
-    ([np.ones(4, np.float32), {'a': [2.0]}], [np.full(4, 2.0, np.float32), {'a': [4.0]}]),
-], ids=['numpy', 'dataclass', 'set', 'nested'])
-def test_jit_fingerprints_unhashable_fields_by_value_as_flax(field, doubled):
-  """Flax fingerprints fields item by item; a changed value compiles again."""
-  def total(value):
-    leaves = jax.tree.leaves(dataclasses.asdict(value) if isinstance(value, _Config) else
-                             sorted(value) if isinstance(value, set) else value)
-    return sum(float(np.sum(leaf)) for leaf in leaves)
-
-  def make(nn):
-    class Scaled(nn.Module):
-      field: Any
-
-      @nn.jit
-      @nn.compact
-      def __call__(self, x):
-        return x * self.param('w', nn.initializers.ones, x.shape[-1:])[None] * total(self.field)
-
-    class Model(nn.Module):
-      field: Any
-
-      @nn.compact
-      def __call__(self, x):
-        return Scaled(self.field)(x)
-    return Model
-
-  variables = make(nn)(field).init(KEY, X)
-  assert_same(variables, make(flax_nn)(field).init(KEY, X))
-  assert_same(make(nn)(field).apply(variables, X), make(flax_nn)(field).apply(variables, X))
-  np.testing.assert_allclose(make(nn)(doubled).apply(variables, X),
-                             2 * make(nn)(field).apply(variables, X), rtol=1e-6)
-
-
-class _Registered:
-  """A plain class known to flax.serialization, whose hash must not be used (as in Flax)."""
-
-  def __init__(self, a):
-    self.a = a
-
-  def __hash__(self):
-    raise RuntimeError('hashed')
-
-  def __eq__(self, other):
-    raise RuntimeError('compared')
-
-
-serialization.register_serialization_state(
-    _Registered, lambda node: {'a': node.a}, lambda node, state: _Registered(state['a']))
-
-
-def test_jit_fingerprints_serializable_fields_by_state_dict():
-  traces = []
-
-  class Scaled(nn.Module):
-    node: _Registered
-
-    @nn.jit
-    @nn.compact
-    def __call__(self, x):
-      traces.append(self.node.a)
-      return self.node.a * nn.Dense(2)(x)
-
-  variables = Scaled(_Registered(1.0)).init(KEY, X)
-  traces.clear()
-  y = Scaled(_Registered(1.0)).apply(variables, X)
-  Scaled(_Registered(1.0)).apply(variables, X)
-  y3 = Scaled(_Registered(3.0)).apply(variables, X)
-  assert traces == [1.0, 3.0]  # an equal state dict reuses the trace, a changed one retraces
-  np.testing.assert_allclose(y3, 3 * y, rtol=1e-6)
-
-
-@pytest.mark.parametrize('transform', ['jit', 'remat'])
-def test_variable_held_in_a_field_is_lifted_through_nested_transforms(transform):
-  """As Flax's nested variable passing: a Variable given to a submodule's field, two levels down."""
-  def make(nn, wrap):
-    class Adder(nn.Module):
-      var: nn.Variable
-
-      @wrap
-      @nn.compact
-      def __call__(self, x):
-        self.var.value += x
-        return x
-
-    class User(nn.Module):
-      vars: tuple
-
-      @wrap
-      @nn.compact
-      def __call__(self, x):
-        return Adder(self.vars[0])(x)
-
-    class Owner(nn.Module):
-      @wrap
-      @nn.compact
-      def __call__(self, x):
-        total = self.variable('state', 'total', jnp.zeros, x.shape)
-        return User((total,))(x)
-    return Owner()
-
-  x = jnp.arange(2.0)
-  theirs = make(flax_nn, getattr(flax_nn, transform))
-  ours = make(nn, getattr(nn, transform))
-  variables = ours.init(jax.random.key(0), x)
-  assert_same(variables, theirs.init(jax.random.key(0), x))
-  _, state = ours.apply(variables, x, mutable=['state'])
-  np.testing.assert_allclose(state['state']['total'], 2 * x)
-  assert_same(state, theirs.apply(variables, x, mutable=['state'])[1])
+  check_linen_parity(lambda nn: (make(nn).init(rngs, X), make(nn).apply(variables, X, rngs=rngs)))
 
 
 def test_functools_partial_of_a_compact_method_is_transformed_as_flax():
@@ -723,9 +225,95 @@ def test_functools_partial_of_a_compact_method_is_transformed_as_flax():
     return Foo()
 
   x = jnp.ones((3, 4, 4))
-  variables = make(nn).init(jax.random.key(0), x)
-  assert_same(variables, make(flax_nn).init(jax.random.key(0), x))
-  assert_same(make(nn).apply(variables, x), make(flax_nn).apply(variables, x))
+  variables = make(flax_nn).init(KEY, x)
+  check_linen_parity(lambda nn: (make(nn).init(KEY, x), make(nn).apply(variables, x)))
+
+
+# -- map_variables --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('init, mutable', [(True, True), (True, False), (False, True)])
+def test_map_variables_init_and_mutable_match_flax(init, mutable):
+  def make(nn, init, mutable):
+    double = lambda tree: jax.tree.map(lambda a: 2.0 * a, tree)
+    halve = lambda tree: jax.tree.map(lambda a: a / 2.0, tree)
+    return nn.map_variables(nn.Dense, 'params', double, halve, init=init, mutable=mutable)(3)
+
+  variables = make(flax_nn, True, False).init(KEY, X)
+  ours, _ = check_linen_parity(lambda nn: (make(nn, init, mutable).init_with_output(KEY, X),
+                                           make(nn, init, mutable).apply(variables, X)))
+  kernel, bias = variables['params']['kernel'], variables['params']['bias']
+  np.testing.assert_allclose(ours[1], X @ (2 * kernel) + 2 * bias[None], rtol=1e-6)
+
+
+def test_map_variables_on_batch_stats_and_a_list_filter_match_flax():
+  def build(nn):
+    shift = lambda d: lambda v: jax.tree.map(lambda a: a + d, v)
+    norm = nn.map_variables(nn.BatchNorm, 'batch_stats', shift(1.0), shift(-1.0), init=True,
+                            mutable=True)(use_running_average=False)
+    negated = nn.map_variables(nn.Dense, ['params'], trans_in_fn=lambda v: jax.tree.map(
+        lambda a: -a, v), init=True)(4, name='d')
+    y, variables = norm.init_with_output(KEY, X)
+    z, negated_variables = negated.init_with_output(KEY, X)
+    return (y, variables, norm.apply(variables, X, mutable=['batch_stats']), z, negated_variables,
+            negated.apply(negated_variables, X))
+  check_linen_parity(build)
+
+
+# -- differences the audit found, now as Flax ------------------------------------------------
+
+
+def private_and_compact_methods(nn):
+  class Model(nn.Module):
+    def setup(self):
+      self.d = nn.Dense(3)
+      self.table, self.items = {'a': [1, 2]}, [1, 2]  # frozen as Flax freezes them
+
+    def _private(self, x):
+      return x + 1.0
+
+    def __call__(self, x):
+      return self._private(self.d(x))
+
+    def containers(self):
+      return type(self.table).__name__, type(self.table['a']).__name__, type(self.items).__name__
+
+  class TwoCompact(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(2)(x) + self.other(x)
+
+    @nn.compact
+    def other(self, x):
+      return nn.Dense(2)(x)
+
+  variables = Model().init(KEY, X)
+  return (Model().apply(variables, X, capture_intermediates=lambda m, n: True,
+                        mutable=['intermediates']),
+          Model().apply({}, method='containers'),
+          TwoCompact().init_with_output(KEY, X), TwoCompact().init(KEY, X, method='other'))
+
+
+def test_private_methods_containers_and_two_compact_methods_as_flax():
+  ours, _ = check_linen_parity(private_and_compact_methods)
+  assert '_private' in ours[0][1]['intermediates']
+  assert ours[1] == ('FrozenDict', 'tuple', 'tuple')
+
+
+def test_flax_denylist_as_a_mutable_filter():
+  def make(nn):
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        count = self.variable('counter', 'n', lambda: jnp.zeros((), jnp.int32))
+        count.value += 1
+        self.sow('intermediates', 'x', x)
+        return nn.Dense(2)(x)
+    return Model()
+  variables = make(flax_nn).init(KEY, X)
+  ours, _ = check_linen_parity(lambda nn: make(nn).apply(
+      variables, X, mutable=flax.core.DenyList('intermediates')))
+  assert set(ours[1]) == {'params', 'counter'}
 
 
 # -- lift_transform: a user's scope-level transform on Modules -------------------------
@@ -783,8 +371,3 @@ def test_lift_transform_gives_one_class_per_transform_and_arguments():
   mine = nn.lift_transform(lift_scale, nn.Dense, 2.0)(2).apply(variables, X)
   theirs = nn.lift_transform(other, nn.Dense, 2.0)(2).apply(variables, X)
   np.testing.assert_array_equal(theirs, -mine)  # one program, the sign of its factor flipped
-
-
-def test_lift_transform_rejects_an_instance():
-  with pytest.raises(errors.TransformTargetError, match=r'nn\.lift_transform\(lift_scale\)'):
-    nn.lift_transform(lift_scale, nn.Dense(2), 2.0)
