@@ -117,7 +117,16 @@ class _SplitCall(NamedTuple):
 
 
 def _name(fn: Any) -> str:
-  return getattr(fn, '__qualname__', None) or repr(fn)
+  return getattr(fn, '__qualname__', None) or getattr(fn, '__name__', None) or repr(fn)
+
+
+def _parameter(fn: Any, index: int) -> str:
+  """``fn``'s parameter at ``index`` (the scope is 0) by name where its signature says."""
+  try:
+    params = list(inspect.signature(fn).parameters.values())
+  except (TypeError, ValueError):
+    params = []
+  return repr(params[index].name) if index < len(params) else str(index)
 
 
 def _hashable_filter(f: Filter) -> Filter:
@@ -138,7 +147,7 @@ def _split_call(config: _Config, args: tuple, kwargs: dict) -> _SplitCall:
   static_args = tuple((i, args[i]) for i in sorted(config.static_positions) if i < len(args))
   static_kwargs = tuple(sorted((k, v) for k, v in kwargs.items() if k in config.static_names))
   for i, value in static_args:
-    _check_hashable(config.fn, f'static argument {i + 1}', value)
+    _check_hashable(config.fn, f'static argument {_parameter(config.fn, i + 1)}', value)
   for name, value in static_kwargs:
     _check_hashable(config.fn, f'static argument {name!r}', value)
   dyn_args = tuple(a for i, a in enumerate(args) if i not in config.static_positions)

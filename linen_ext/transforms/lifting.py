@@ -223,6 +223,7 @@ def with_signature(core, fn: Callable[..., Any], leading: tuple[str, ...]):
   first = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in leading]
   core.__signature__ = inspect.Signature(first + params)
   core.__name__ = fn_name(fn)
+  core.__qualname__ = getattr(fn, '__qualname__', core.__name__)
   return core
 
 
