@@ -4,13 +4,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax.core import init as flax_init, lift as flax_lift
 
 import lift
 import linen_ext as nn
 from lift import errors
 
 from tests.helpers import assert_trees_close, counter, dense, mlp
+from tests.lift.test_flax_core_parity import check
 
 X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
 KEY = jax.random.key(0)
@@ -24,56 +24,31 @@ def noisy_mlp(scope, x, remat):
   return jnp.sum(noise ** 2)
 
 
-def test_remat_equals_no_remat_values_variables_and_rngs():
-  y, variables = lift.init(noisy_mlp)(RNGS, X, False)
-  y_remat, variables_remat = lift.init(noisy_mlp)(RNGS, X, True)
-  assert_trees_close(variables, variables_remat)
-  np.testing.assert_allclose(y, y_remat, rtol=1e-6)
-
-
-def test_remat_equals_no_remat_gradients():
+def test_remat_equals_no_remat_values_variables_rngs_and_gradients():
+  assert_trees_close(lift.init(noisy_mlp)(RNGS, X, False), lift.init(noisy_mlp)(RNGS, X, True))
   _, variables = lift.init(noisy_mlp)(RNGS, X, False)
-  def loss(params, x, remat):
-    return lift.apply(noisy_mlp)({'params': params}, x, remat, rngs=RNGS)
-  grads = jax.grad(loss, argnums=(0, 1))(variables['params'], X, False)
-  grads_remat = jax.grad(loss, argnums=(0, 1))(variables['params'], X, True)
-  assert_trees_close(grads, grads_remat)
-
-
-def test_remat_jaxpr_contains_a_checkpoint_primitive():
-  _, variables = lift.init(noisy_mlp)(RNGS, X, False)
-  def loss(params, remat):
-    return lift.apply(noisy_mlp)({'params': params}, X, remat, rngs=RNGS)
+  loss = lambda params, x, remat: lift.apply(noisy_mlp)({'params': params}, x, remat, rngs=RNGS)
+  assert_trees_close(jax.grad(loss, argnums=(0, 1))(variables['params'], X, False),
+                     jax.grad(loss, argnums=(0, 1))(variables['params'], X, True))
   names = lambda remat: {e.primitive.name for e in jax.make_jaxpr(
-      lambda p: loss(p, remat))(variables['params']).jaxpr.eqns}
-  assert 'remat2' in names(True) or 'checkpoint' in names(True)
+      lambda p: loss(p, X, remat))(variables['params']).jaxpr.eqns}
+  assert 'remat2' in names(True) or 'checkpoint' in names(True)  # the jaxpr has a checkpoint
   assert not {'remat2', 'checkpoint'} & names(False)
 
 
 def test_remat_is_checkpoint_and_matches_flax_core():
   assert lift.remat is lift.checkpoint
-  fn = lambda scope, x: scope.child(mlp, 'm')(x)
-  y, variables = lift.init(lift.remat(fn))(RNGS, X)
-  y_flax, variables_flax = flax_init(flax_lift.remat(fn))(RNGS, X)
-  assert_trees_close(variables, jax.tree.map(jnp.asarray, dict(variables_flax)))
-  np.testing.assert_allclose(y, y_flax, rtol=1e-6)
-
-
-def test_created_variables_shape_tree():
-  _, variables = lift.init(lift.checkpoint(mlp))(RNGS, X)
-  assert jax.tree.map(jnp.shape, variables) == {'params': {
+  _, (_, variables) = check(lambda L: L.remat(lambda scope, x: scope.child(mlp, 'm')(x)),
+                            lambda M, fn: M.init(fn)(RNGS, X))
+  assert jax.tree.map(jnp.shape, variables) == {'params': {'m': {
       'hidden': {'kernel': (3, 4), 'bias': (4,)},
       'mid': {'dense_0': {'kernel': (4, 4), 'bias': (4,)}},
-      'out': {'kernel': (4, 2), 'bias': (2,)}}}
+      'out': {'kernel': (4, 2), 'bias': (2,)}}}}
 
 
 def test_static_argnums_count_from_the_first_argument_after_the_scope():
-  remat_dense = lift.checkpoint(dense, static_argnums=(1,))
-  y, variables = lift.init(remat_dense)(RNGS, X, 5)
-  y_plain, variables_plain = lift.init(dense)(RNGS, X, 5)
-  assert_trees_close(variables, variables_plain)
-  y_flax, _ = flax_init(flax_lift.remat(dense, static_argnums=(1,)))(RNGS, X, 5)
-  np.testing.assert_allclose(y, y_flax, rtol=1e-6)
+  _, ours = check(lambda L: L.remat(dense, static_argnums=(1,)), lambda M, fn: M.init(fn)(RNGS, X, 5))
+  assert_trees_close(ours, lift.init(dense)(RNGS, X, 5))
 
 
 def scaled_dense(scope, x, *, scale):

@@ -5,14 +5,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax.core import apply as flax_apply, init as flax_init, lift as flax_lift
 
 import lift
 from lift import errors
 from lift.jit_keys import static_hash
 from lift.rng import fold_in_static
 
-from tests.helpers import assert_trees_close, counter, dense
+from tests.helpers import assert_trees_close, assert_trees_equal, counter, dense
+from tests.lift.test_flax_core_parity import check
 
 X = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
 RNGS = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
@@ -43,16 +43,16 @@ def twice_in_a_row(scope, x, fn):
 # -- jit equals no jit --------------------------------------------------------------
 
 def test_jit_equals_no_jit_values_created_variables_and_rng_draws():
+  assert jax.tree.map(jnp.shape, lift.init(lift.jit(Traced()))(RNGS, X)[1]) == {
+      'params': {'dense': {'kernel': (4, 3), 'bias': (3,)}}, 'counter': {'count': ()}}
   plain, jitted = Traced(), lift.jit(Traced())
   y, variables = lift.init(twice_in_a_row)(RNGS, X, plain)
   y_jit, variables_jit = lift.init(twice_in_a_row)(RNGS, X, jitted)
-  assert_trees_close(variables, variables_jit)
-  np.testing.assert_allclose(y, y_jit, rtol=1e-5)
+  assert_trees_close((y, variables), (y_jit, variables_jit))
   run = lift.apply(twice_in_a_row, mutable='counter')
   for _ in range(2):  # deterministic across calls, and the counters advance as without jit
     (y, state), (y_jit, state_jit) = (run(variables, X, f, rngs=RNGS) for f in (plain, jitted))
-    np.testing.assert_allclose(y, y_jit, rtol=1e-5)
-    assert_trees_close(state, state_jit)
+    assert_trees_close((y, state), (y_jit, state_jit))
   assert int(state_jit['counter']['a']['count']) == 4  # 2 at init, 2 more here
 
 
@@ -61,59 +61,27 @@ def test_jitted_function_called_twice_in_one_apply_draws_the_keys_of_no_jit():
     return jax.random.key_data(scope.make_rng('dropout'))
   def twice(scope, fn):
     return fn(scope), fn(scope), scope.make_rng('dropout')
-  plain = lift.apply(twice)({}, draw, rngs=RNGS)
   jitted = lift.apply(twice)({}, lift.jit(draw), rngs=RNGS)
-  np.testing.assert_array_equal(plain[0], jitted[0])
-  np.testing.assert_array_equal(plain[1], jitted[1])
+  assert_trees_equal(jitted, lift.apply(twice)({}, draw, rngs=RNGS))
   assert not np.array_equal(jitted[0], jitted[1])
-  np.testing.assert_array_equal(jax.random.key_data(plain[2]), jax.random.key_data(jitted[2]))
-
-
-def test_created_variables_shape_tree():
-  _, variables = lift.init(lift.jit(Traced()))(RNGS, X)
-  assert jax.tree.map(jnp.shape, variables) == {
-      'params': {'dense': {'kernel': (4, 3), 'bias': (3,)}}, 'counter': {'count': ()}}
-
-
-def test_matches_flax_core_jit_without_rngs():
-  def fn(scope, x):
-    return scope.child(dense, 'dense')(x, 3)
-  flax_fn = flax_lift.jit(lambda scope, _, x: fn(scope, x))
-  y, variables = lift.init(lift.jit(fn))(RNGS, X)
-  y_flax, variables_flax = flax_init(flax_fn)(RNGS, None, X)
-  assert_trees_close(variables, dict(variables_flax))
-  np.testing.assert_allclose(lift.apply(lift.jit(fn))(variables, X),
-                             flax_apply(flax_fn)(variables, None, X), rtol=1e-6)
 
 
 # -- tracing once per structure -------------------------------------------------------
 
-def test_ten_calls_without_rngs_trace_once():
-  fn = Traced(draws=False)
-  jitted = lift.jit(fn)
+@pytest.mark.parametrize('draws', [False, True])
+def test_ten_calls_trace_once(draws):
+  fn = Traced(draws)
   _, variables = lift.init(fn)(RNGS, X)
-  run = lift.apply(jitted, mutable='counter')
-  fn.runs = 0
-  for _ in range(10):
-    _, state = run(variables, X)
-    variables = {**variables, **state}
-  assert fn.runs == 1
-  assert int(variables['counter']['count']) == 11
-
-
-def test_ten_calls_with_rngs_trace_once():
-  fn = Traced()
-  jitted = lift.jit(fn)
-  _, variables = lift.init(fn)(RNGS, X)
-  run = lift.apply(jitted, mutable='counter')
+  run = lift.apply(lift.jit(fn), mutable='counter')
   fn.runs = 0
   outputs = []
   for i in range(10):
     y, state = run(variables, X, rngs={**RNGS, 'dropout': jax.random.key(i)})
     variables = {**variables, **state}
-    outputs.append(y)
+    outputs.append(float(y[0, 0]))
     assert fn.runs == 1
-  assert len({float(y[0, 0]) for y in outputs}) == 10  # fresh keys each call
+  assert int(variables['counter']['count']) == 11
+  assert len(set(outputs)) == (10 if draws else 1)  # fresh keys each call
 
 
 def test_new_shape_static_argument_or_mutability_traces_again():
@@ -159,10 +127,7 @@ def test_rewrapping_the_same_function_and_other_scopes_do_not_retrace():
 def test_static_argnames_and_keyword_arguments():
   fn = Traced(draws=False)
   jitted = lift.jit(fn, static_argnames='features')
-  y, variables = lift.init(jitted)(RNGS, X, features=5)
-  y_plain, variables_plain = lift.init(fn)(RNGS, X, features=5)
-  assert_trees_close(variables, variables_plain)
-  np.testing.assert_allclose(y, y_plain, rtol=1e-6)
+  assert_trees_close(lift.init(jitted)(RNGS, X, features=5), lift.init(fn)(RNGS, X, features=5))
 
 
 @pytest.mark.filterwarnings('ignore:Some donated buffers were not usable')
@@ -170,8 +135,7 @@ def test_donate_argnums_runs_and_gives_the_same_values():
   fn = lambda scope, x, y: scope.child(dense, 'dense')(x + y, 2)
   _, variables = lift.init(fn)(RNGS, X, X)
   jitted = lift.jit(fn, donate_argnums=(2,))
-  np.testing.assert_allclose(lift.apply(jitted)(variables, X, X + 0.0),
-                             lift.apply(fn)(variables, X, X), rtol=1e-6)
+  assert_trees_close(lift.apply(jitted)(variables, X, X + 0.0), lift.apply(fn)(variables, X, X))
 
 
 # -- composition -----------------------------------------------------------------------------
@@ -187,40 +151,23 @@ def test_jit_inside_jit_checkpoint_and_split_while_loop_draw_the_keys_of_no_jit(
   def outer(scope, x, jit):
     wrap = lift.jit if jit else (lambda f: f)
     return wrap(lambda s, x: wrap(inner)(s.push('in'), x))(scope, x)
-  y, variables = lift.init(outer)(RNGS, X, False)
-  y_jit, variables_jit = lift.init(outer)(RNGS, X, True)
-  assert_trees_close(variables, variables_jit)
-  np.testing.assert_allclose(y[0], y_jit[0], rtol=1e-5)
-  np.testing.assert_allclose(y[1], y_jit[1], rtol=1e-6)
-  np.testing.assert_array_equal(jax.random.key_data(y[2]), jax.random.key_data(y_jit[2]))
+  assert_trees_close(lift.init(outer)(RNGS, X, False), lift.init(outer)(RNGS, X, True))
 
 
-def test_jit_inside_vmap_with_split_rngs():
-  def noisy(scope, x):
-    return dense(scope, x, 2) + jax.random.normal(scope.make_rng('dropout'), (1, 2))
-  def ensemble(scope, x, fn):
-    return lift.vmap(fn, variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
-                     axis_size=3, in_axes=None)(scope, x)
-  y, variables = lift.init(ensemble)(RNGS, X, noisy)
-  y_jit, variables_jit = lift.init(ensemble)(RNGS, X, lift.jit(noisy))
-  assert_trees_close((y, variables), (y_jit, variables_jit))
+SPLIT = dict(variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True})
 
 
-def test_jit_around_vmap_and_scan_with_split_rngs_draws_the_keys_of_no_jit():
-  def noisy(scope, x):
-    return dense(scope, x, 4) + jax.random.normal(scope.make_rng('dropout'), (1, 4))
-  ensemble = lambda scope, x: lift.vmap(
-      noisy, variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
-      axis_size=3, in_axes=None)(scope, x)
-  def step(scope, carry, _):
-    return noisy(scope, carry), ()
-  layers = lambda scope, x: lift.scan(
-      step, variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
-      length=3)(scope, x, None)[0]
-  for fn in (ensemble, layers):
-    plain = lift.init(fn)(RNGS, X)
-    jitted = lift.init(lift.jit(fn))(RNGS, X)
-    assert_trees_close(plain, jitted)
+def _noisy(scope, x):
+  return dense(scope, x, 4) + jax.random.normal(scope.make_rng('dropout'), (1, 4))
+
+
+@pytest.mark.parametrize('name, build', [
+    ('jit inside vmap', lambda wrap: lift.vmap(wrap(_noisy), **SPLIT, axis_size=3, in_axes=None)),
+    ('jit around vmap', lambda wrap: wrap(lift.vmap(_noisy, **SPLIT, axis_size=3, in_axes=None))),
+    ('jit around scan', lambda wrap: wrap(lambda s, x: lift.scan(
+        lambda s, c, _: (_noisy(s, c), ()), **SPLIT, length=3)(s, x, None)[0]))])
+def test_jit_and_vmap_or_scan_with_split_rngs_draw_the_keys_of_no_jit(name, build):
+  assert_trees_close(lift.init(build(lambda f: f))(RNGS, X), lift.init(build(lift.jit))(RNGS, X))
 
 
 def test_jit_under_jax_grad_and_jax_jit():
@@ -232,51 +179,51 @@ def test_jit_under_jax_grad_and_jax_jit():
   assert_trees_close(grads, grads_jit)
 
 
-# -- nothing lost -----------------------------------------------------------------------------
+# -- nothing lost, and misuse ---------------------------------------------------------------
 
-def test_counter_survives_and_immutable_counter_is_rejected():
-  fn = lift.jit(counter)
+@pytest.mark.parametrize('transform', [lift.jit, lift.fold_rngs])
+def test_counter_survives_and_immutable_counter_is_rejected(transform):
+  fn = transform(counter)
   _, state = lift.apply(fn, mutable='counter')({'counter': {'count': jnp.int32(4)}}, X)
   assert int(state['counter']['count']) == 5
   with pytest.raises(errors.ImmutableCollectionError, match='counter'):
     lift.apply(fn)({'counter': {'count': jnp.int32(4)}}, X)
 
 
-# -- errors --------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize('argument, bad', [('static_argnums', 'x'), ('static_argnums', -1),
-                                           ('donate_argnums', 1.0), ('static_argnames', 3)])
-def test_bad_argnums_rejected_when_built(argument, bad):
-  with pytest.raises(errors.ArgnumsError, match=argument):
-    lift.jit(dense, **{argument: bad})
+BUILT_WRONG = [(dict(static_argnums='x'), 'static_argnums'), (dict(static_argnums=-1), 'static_argnums'),
+               (dict(donate_argnums=1.0), 'donate_argnums'), (dict(static_argnames=3), 'static_argnames'),
+               (dict(static_argnums=2, donate_argnums=2), 'argument 2 is in both'),
+               (dict(static_argnames='features', donate_argnums=2), 'argument 2 is in both')]
 
 
-def test_donating_a_static_argument_is_rejected():
-  with pytest.raises(errors.ArgnumsError, match='argument 2 is in both'):
-    lift.jit(dense, static_argnums=2, donate_argnums=2)
-  with pytest.raises(errors.ArgnumsError, match='argument 2 is in both'):
-    lift.jit(dense, static_argnames='features', donate_argnums=2)
+@pytest.mark.parametrize('kwargs, match', BUILT_WRONG)
+def test_bad_argnums_rejected_when_built(kwargs, match):
+  with pytest.raises(errors.ArgnumsError, match=match):
+    lift.jit(dense, **kwargs)
 
 
-def test_donating_a_missing_argument_is_rejected_when_called():
-  with pytest.raises(errors.ArgnumsError, match='donate_argnums names argument 3'):
-    lift.init(lift.jit(dense, donate_argnums=3))(RNGS, X, 2)
+CALLED_WRONG = {
+    'donating a missing argument': (lambda: lift.init(lift.jit(dense, donate_argnums=3))(RNGS, X, 2),
+                                    errors.ArgnumsError, 'donate_argnums names argument 3'),
+    'non-array positional not static': (
+        lambda: lift.init(lift.jit(lambda scope, x, name: x))(RNGS, X, 'relu'),
+        errors.JitArgumentError, r'positional arguments\[1\].*static_argnums'),
+    'non-array keyword not static': (
+        lambda: lift.init(lift.jit(lambda scope, x, *, name: x))(RNGS, X, name='relu'),
+        errors.JitArgumentError, r"keyword arguments\['name'\].*static_argnames"),
+    'unhashable static argument': (
+        lambda: lift.init(lift.jit(lambda scope, x, sizes: x, static_argnums=2))(RNGS, X, [1, 2]),
+        errors.JitArgumentError, "static argument 'sizes' of .* not hashable"),
+    'array static argument': (  # 0 is the scope: 1 is x
+        lambda: lift.init(lift.jit(dense, static_argnums=1))(RNGS, X, 2),
+        errors.JitArgumentError, "static argument 'x' of dense is Array"),
+}
 
 
-def test_non_array_argument_must_be_static():
-  with pytest.raises(errors.JitArgumentError, match=r'positional arguments\[1\].*static_argnums'):
-    lift.init(lift.jit(lambda scope, x, name: x))(RNGS, X, 'relu')
-  with pytest.raises(errors.JitArgumentError,
-                     match=r"keyword arguments\['name'\].*static_argnames"):
-    lift.init(lift.jit(lambda scope, x, *, name: x))(RNGS, X, name='relu')
-
-
-def test_unhashable_static_argument_is_rejected():
-  fn = lift.jit(lambda scope, x, sizes: x, static_argnums=2)
-  with pytest.raises(errors.JitArgumentError, match="static argument 'sizes' of .* not hashable"):
-    lift.init(fn)(RNGS, X, [1, 2])
-  with pytest.raises(errors.JitArgumentError, match="static argument 'x' of dense is Array"):
-    lift.init(lift.jit(dense, static_argnums=1))(RNGS, X, 2)  # 0 is the scope: 1 is x
+@pytest.mark.parametrize('call, error, match', list(CALLED_WRONG.values()), ids=list(CALLED_WRONG))
+def test_bad_arguments_rejected_when_called(call, error, match):
+  with pytest.raises(error, match=match):
+    call()
 
 
 def test_draws_that_change_between_traces_are_rejected():
@@ -311,24 +258,14 @@ def test_static_hash_is_the_value_fold_in_static_folds_in():
 
 def test_fold_rngs_drops_the_path_from_the_suffix_as_flax_core():
   def draws(scope, x):
-    h = scope.child(dense, 'dense')(x, 2)
-    return h, jax.random.key_data(scope.make_rng('dropout'))
-  def model(scope, x, fold):
-    first = draws(scope.push('sub'), x)  # the counters at 'sub' continue inside
-    return first, fold(scope.push('sub', reuse=True), x)
-  y, variables = lift.init(model)(RNGS, X, lift.fold_rngs(draws))
-  y_flax, variables_flax = flax_init(model)(
-      RNGS, X, lambda s, x: flax_lift.fold_rngs(lambda s, _, x: draws(s, x))(s, None, x))
-  assert_trees_close(y, y_flax)
+    return scope.child(dense, 'dense')(x, 2), jax.random.key_data(scope.make_rng('dropout'))
+  def build(L):
+    fold = L.fold_rngs(draws) if L is lift else (
+        lambda s, x: L.fold_rngs(lambda s, _, x: draws(s, x))(s, None, x))
+    def model(scope, x):
+      first = draws(scope.push('sub'), x)  # the counters at 'sub' continue inside
+      return first, fold(scope.push('sub', reuse=True), x)
+    return model
+  (y, _), _ = check(build, lambda M, fn: M.init(fn)(RNGS, X))
   # Inside, the second 'dropout' draw at 'sub' hashes no path: fold_in_static(key, (2,)).
-  np.testing.assert_array_equal(
-      y[1][1], jax.random.key_data(fold_in_static(RNGS['dropout'], (2,))))
-  assert jax.tree.map(jnp.shape, variables) == jax.tree.map(jnp.shape, dict(variables_flax))
-
-
-def test_fold_rngs_keeps_counter_in_mutable_collection():
-  fn = lift.fold_rngs(counter)
-  _, state = lift.apply(fn, mutable='counter')({'counter': {'count': jnp.int32(1)}}, X)
-  assert int(state['counter']['count']) == 2
-  with pytest.raises(errors.ImmutableCollectionError, match='counter'):
-    lift.apply(fn)({'counter': {'count': jnp.int32(1)}}, X)
+  np.testing.assert_array_equal(y[1][1], jax.random.key_data(fold_in_static(RNGS['dropout'], (2,))))

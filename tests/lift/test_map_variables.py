@@ -4,12 +4,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax.core import apply as flax_apply, init as flax_init, lift as flax_lift
 
 import lift
 from lift import errors
 
 from tests.helpers import assert_trees_close, counter
+from tests.lift.test_flax_core_parity import check
 
 X = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
 RNGS = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
@@ -33,8 +33,9 @@ def tied_autoencoder(scope, x, latents, map_variables=lift.map_variables):
   return decode(codec, z, x.shape[-1])
 
 
-def test_tied_autoencoder_equals_the_hand_written_program():
-  y, variables = lift.init(tied_autoencoder)(RNGS, X, 3)
+def test_tied_autoencoder_equals_the_hand_written_program_and_flax_core():
+  _, (y, variables) = check(lambda L: lambda s, x: tied_autoencoder(s, x, 3, L.map_variables),
+                            lambda M, fn: M.init(fn)(RNGS, X))
   assert jax.tree.map(jnp.shape, variables) == {'params': {'codec': {'kernel': (4, 3)}}}
   kernel = variables['params']['codec']['kernel']
   np.testing.assert_allclose(y, jnp.tanh(X @ kernel) @ kernel.T, rtol=1e-6)
@@ -52,25 +53,14 @@ def test_tied_autoencoder_gradients_flow_into_the_one_kernel():
                              rtol=1e-5)
 
 
-def test_tied_autoencoder_matches_flax_core():
-  y, variables = lift.init(tied_autoencoder)(RNGS, X, 3)
-  y_flax, variables_flax = flax_init(tied_autoencoder)(RNGS, X, 3, flax_lift.map_variables)
-  assert_trees_close(variables, dict(variables_flax))
-  np.testing.assert_allclose(y, y_flax, rtol=1e-6)
-
-
 def test_init_creates_the_mapped_collection_in_stored_form():
-  decoder = lift.map_variables(linear, 'params', transpose, transpose, init=True)
-  y, variables = lift.init(decoder)(RNGS, X, 3)
+  build = lambda L: L.map_variables(linear, 'params', transpose, transpose, init=True)
+  _, (y, variables) = check(build, lambda M, fn: M.init(fn)(RNGS, X, 3))
   assert jax.tree.map(jnp.shape, variables) == {'params': {'kernel': (3, 4)}}
   _, plain = lift.init(linear)(RNGS, X, 3)  # what the view would have been
   np.testing.assert_allclose(variables['params']['kernel'], plain['params']['kernel'].T)
   np.testing.assert_allclose(y, X @ variables['params']['kernel'].T, rtol=1e-6)
-  flax_decoder = flax_lift.map_variables(linear, 'params', transpose, transpose, init=True)
-  _, variables_flax = flax_init(flax_decoder)(RNGS, X, 3)
-  assert_trees_close(variables, dict(variables_flax))
-  np.testing.assert_allclose(lift.apply(decoder)(variables, X, 3),
-                             flax_apply(flax_decoder)(variables, X, 3), rtol=1e-6)
+  check(build, lambda M, fn: M.apply(fn)(variables, X, 3))
 
 
 def test_init_pass_rewinds_the_rngs():
@@ -105,11 +95,10 @@ def test_swap_collection():
     scope.put_variable('b', 'x', a + 10)
     return a
   variables = {'a': {'x': jnp.float32(1)}, 'b': {'x': jnp.float32(2)}}
-  y, out = lift.apply(lift.swap_collection(step, 'a', 'b'), mutable=True)(variables)
+  _, (y, out) = check(lambda L: L.swap_collection(step, 'a', 'b'),
+                      lambda M, fn: M.apply(fn, mutable=True)(variables))
   assert float(y) == 2  # 'a' inside is 'b' outside
   assert float(out['a']['x']) == 12 and float(out['b']['x']) == 2
-  y_flax, out_flax = flax_apply(flax_lift.swap_collection(step, 'a', 'b'), mutable=True)(variables)
-  assert_trees_close(out, dict(out_flax))
 
 
 @pytest.mark.parametrize('transform', [
@@ -145,50 +134,33 @@ def test_init_pass_keeps_the_immutable_mapped_collections():
   def map_out(c):
     seen.append(sorted(c))
     return halve(c)
-  mapped = lift.map_variables(_running_mean, ['params', 'stats'], double, map_out,
-                              init=True, mutable=True)
-  _, variables = lift.init(mapped)(RNGS, X)
-  y_all, all_mutable = lift.apply(mapped, mutable=True)(variables, X)
+  _, variables = lift.init(lift.map_variables(_running_mean, ['params', 'stats'], double, halve,
+                                              init=True, mutable=True))(RNGS, X)
+  # With everything mutable, ours is Flax's (whose map_out_fn we cannot watch: it is halve).
+  _, (y_all, all_mutable) = check(
+      lambda L: L.map_variables(_running_mean, ['params', 'stats'], double,
+                                map_out if L is lift else halve, init=True, mutable=True),
+      lambda M, fn: M.apply(fn, mutable=True)(variables, X))
   seen.clear()
+  mapped = lift.map_variables(_running_mean, ['params', 'stats'], double, map_out, init=True, mutable=True)
   y, stats_only = lift.apply(mapped, mutable='stats')(variables, X)
   assert seen[0] == ['params', 'stats']  # map_out_fn sees every mapped collection
   assert sorted(stats_only) == ['stats']
-  np.testing.assert_allclose(y, y_all, rtol=1e-6)
-  assert_trees_close(stats_only['stats'], all_mutable['stats'])
-  flax_mapped = flax_lift.map_variables(_running_mean, ['params', 'stats'], double, halve,
-                                        init=True, mutable=True)
-  y_flax, flax_all = flax_apply(flax_mapped, mutable=True)(variables, X)
-  np.testing.assert_allclose(y, y_flax, rtol=1e-6)
-  assert_trees_close(stats_only['stats'], dict(flax_all)['stats'])
+  assert_trees_close((y, stats_only['stats']), (y_all, all_mutable['stats']))
 
 
 def test_counters_after_an_init_pass_count_its_draws_as_flax():
   """The init pass draws the parameter's key; later draws at that scope must not repeat it."""
-  def program(init, map_variables):
-    def run(scope, x):
-      mapped = map_variables(linear, 'params', init=True)
-      y = mapped(scope, x, 3)
-      return y, jax.random.key_data(scope.make_rng('params'))
-    return init(run)(RNGS, X)
-
-  (_, ours), _ = program(lift.init, lift.map_variables)
-  (_, theirs), _ = program(flax_init, flax_lift.map_variables)
-  np.testing.assert_array_equal(ours, theirs)
+  def build(L):
+    return lambda s, x: (L.map_variables(linear, 'params', init=True)(s, x, 3),
+                         jax.random.key_data(s.make_rng('params')))
+  check(build, lambda M, fn: M.init(fn)(RNGS, X))
 
 
 def test_map_variables_with_init_inside_scan_as_flax():
-  def step(scope, c, x, map_variables):
-    dense = map_variables(linear, 'params', init=True)
-    return jnp.tanh(dense(scope.push('dense'), c + x, 4)), None
-
-  def run(scan, map_variables):
-    def model(scope, xs):
-      body = scan(lambda s, c, x: step(s, c, x, map_variables), variable_axes={'params': 0},
-                  split_rngs={'params': True})
-      return body(scope, xs[0], xs)[0]
-    return model
-
-  xs = jnp.stack([X, X, X])
-  ours = lift.init(run(lift.scan, lift.map_variables))(RNGS, xs)
-  theirs = flax_init(run(flax_lift.scan, flax_lift.map_variables))(RNGS, xs)
-  assert_trees_close(ours, theirs)
+  def build(L):
+    def step(scope, c, x):
+      return jnp.tanh(L.map_variables(linear, 'params', init=True)(scope.push('dense'), c + x, 4)), None
+    body = L.scan(step, variable_axes={'params': 0}, split_rngs={'params': True})
+    return lambda scope, xs: body(scope, xs[0], xs)[0]
+  check(build, lambda M, fn: M.init(fn)(RNGS, jnp.stack([X, X, X])), depth=4)

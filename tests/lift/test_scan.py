@@ -12,6 +12,7 @@ from jax import lax
 import lift
 from lift import errors
 from tests.helpers import assert_trees_close, counter, dense
+from tests.lift.test_flax_core_parity import check
 
 KEY = jax.random.key(0)
 C0 = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
@@ -170,11 +171,8 @@ def _then_draw(scanned):
 @pytest.mark.parametrize('kwargs', [
     LAYERS, dict(variable_axes={'params': 0}, split_rngs={'params': False}), SHARED])
 def test_init_matches_flax_core_lift_scan(kwargs):
-  got = jax.jit(lift.init(_then_draw(lift.scan(_direct_param_step, **kwargs))))(KEY, C0, XS)
-  expected = jax.jit(flax.core.init(_then_draw(flax_lift.scan(_direct_param_step, **kwargs))))(
-      KEY, C0, XS)
-  assert_trees_close(got[1], flax.core.unfreeze(expected[1]))
-  assert_trees_close(got[0], expected[0])
+  check(lambda L: _then_draw(L.scan(_direct_param_step, **kwargs)), lambda M, fn: jax.jit(M.init(fn))(KEY, C0, XS),
+        depth=4)
 
 
 def _dropout_step(scope, c, x):
@@ -269,13 +267,6 @@ def test_counter_survives_remat_scan(kwargs, expected):
     lift.apply(stacked)(variables, C0)
 
 
-def test_collection_without_rule_raises():
-  with pytest.raises(errors.UnmappedCollectionError, match='"counter" is immutable inside the lifted `scan`'):
-    lift.init(lift.scan(_count_step, **LAYERS))(KEY, (), XS)
-  with pytest.raises(errors.UnmappedCollectionError, match='"counter" is immutable inside the lifted `scan`'):
-    lift.init(lift.remat_scan(counter, (2, 3), variable_axes={'params': 0}))(KEY, C0)
-
-
 # -- carry variables created inside the body ------------------------------------------------
 
 def _stateful_step(scope, c, x):
@@ -319,64 +310,52 @@ def _two_inputs(scope, c, x, y):
   return c, x + y
 
 
-def test_length_mismatch_names_each_argument():
-  with pytest.raises(errors.AxisSizeError) as info:
-    lift.init(lift.scan(_two_inputs))(KEY, (), jnp.ones((5, 2)), jnp.ones((4, 2)))
-  message = str(info.value)
-  assert "size 5: axis 0 of argument 'x' (5, 2)" in message
-  assert "size 4: axis 0 of argument 'y' (4, 2)" in message
-  assert 'length=N' in message
+def _consts_from_carry(scope, c, x):
+  return c + scope.variable('consts', 'first', lambda: c).value, x
 
 
-def test_length_mismatch_with_variables_and_given_length():
-  scanned = lift.scan(layer, **LAYERS)
-  _, variables = lift.init(scanned)(KEY, C0, XS)
-  with pytest.raises(errors.AxisSizeError, match=r'size 5: axis 0 of variable params/dense/'):
-    lift.apply(scanned)(variables, C0, XS[:4])
-  with pytest.raises(errors.AxisSizeError, match=r'length=4 was given'):
-    lift.init(lift.scan(layer, length=4, **LAYERS))(KEY, C0, XS)
-  with pytest.raises(errors.AxisSizeError, match='pass length=N'):
-    lift.init(lift.scan(lambda s, c: (c, None), **LAYERS))(KEY, C0)
+PARAMS5 = {'params': {'dense': {'kernel': jnp.ones((5, 3, 3)), 'bias': jnp.ones((5, 3))}}}
+MISUSE = {  # (scanned function, variables to apply or None to init, arguments, error, match)
+    'collection without a rule': (lift.scan(_count_step, **LAYERS), None, ((), XS),
+                                  errors.UnmappedCollectionError, '"counter" is immutable inside the lifted `scan`'),
+    'remat_scan collection without a rule': (
+        lift.remat_scan(counter, (2, 3), variable_axes={'params': 0}), None, (C0,),
+        errors.UnmappedCollectionError, '"counter" is immutable inside the lifted `scan`'),
+    'lengths of arguments differ': (
+        lift.scan(_two_inputs), None, ((), jnp.ones((5, 2)), jnp.ones((4, 2))), errors.AxisSizeError,
+        r"(?s)size 5: axis 0 of argument 'x' \(5, 2\).*size 4: axis 0 of argument 'y' \(4, 2\).*length=N"),
+    'lengths of variables and arguments differ': (lift.scan(layer, **LAYERS), PARAMS5, (C0, XS[:4]),
+                                                  errors.AxisSizeError, r'size 5: axis 0 of variable params/dense/'),
+    'length given disagrees': (lift.scan(layer, length=4, **LAYERS), None, (C0, XS), errors.AxisSizeError,
+                               r'length=4 was given'),
+    'no length': (lift.scan(lambda s, c: (c, None), **LAYERS), None, (C0,), errors.AxisSizeError,
+                  'pass length=N'),
+    'broadcast variable depending on the carry': (
+        lift.scan(_consts_from_carry, variable_broadcast='consts'), None, (C0, XS), errors.LoopInvariantError,
+        r'broadcast variable consts/first'),
+    'broadcast params from a split stream': (
+        lift.scan(layer, variable_broadcast='params', split_rngs={'params': True}), None, (C0, XS),
+        errors.LoopInvariantError, r'broadcast variable params/dense/(bias|kernel)'),
+    'broadcast output depending on the inputs': (lift.scan(layer, out_axes=lift.broadcast, **SHARED), None,
+                                                 (C0, XS), errors.LoopInvariantError, r'output ys'),
+    'input axis out of range': (lift.scan(layer, in_axes=3, **LAYERS), None, (C0, XS), errors.InvalidAxisError,
+                                r"argument 'x' has shape \(5, 2, 3\), which has no axis 3"),
+    'output axis out of range': (
+        lift.scan(layer, out_axes=-4, **LAYERS), None, (C0, XS), errors.InvalidAxisError,
+        r"output ys \(stacked\) has shape \(5, 2, 3\), which has no axis -4"),
+    'body not returning a pair': (  # one array, not (carry, ys); the message names the scope
+        lift.scan(lambda scope, c, x: dense(scope, c + x, 3), **SHARED), None, (C0, XS), errors.ScanBodyError,
+        r'scan\(/\)": the body returned float32\[2,3\]'),
+    'body changing the carry type': (
+        lift.scan(lambda scope, c, x: (jnp.concatenate([c, dense(scope, x, 3)]), None), **SHARED), None,
+        (C0, XS), errors.ScanBodyError, r'float32\[2, 3\] and returns the carry float32\[4, 3\]'),
+}
 
 
-def test_broadcast_variable_depending_on_the_carry_raises():
-  def step(scope, c, x):
-    first = scope.variable('consts', 'first', lambda: c)
-    return c + first.value, x
-
-  with pytest.raises(errors.LoopInvariantError, match=r'broadcast variable consts/first'):
-    lift.init(lift.scan(step, variable_broadcast='consts'))(KEY, C0, XS)
-
-
-def test_broadcast_params_from_a_split_stream_raise():
-  scanned = lift.scan(layer, variable_broadcast='params', split_rngs={'params': True})
-  with pytest.raises(errors.LoopInvariantError, match=r"broadcast variable params/dense/(bias|kernel)"):
-    lift.init(scanned)(KEY, C0, XS)
-
-
-def test_broadcast_output_depending_on_the_inputs_raises():
-  scanned = lift.scan(layer, out_axes=lift.broadcast, **SHARED)
-  with pytest.raises(errors.LoopInvariantError, match=r'output ys'):
-    lift.init(scanned)(KEY, C0, XS)
-
-
-def test_axis_out_of_range_raises():
-  with pytest.raises(errors.InvalidAxisError, match=r"argument 'x' has shape \(5, 2, 3\), which has no axis 3"):
-    lift.init(lift.scan(layer, in_axes=3, **LAYERS))(KEY, C0, XS)
-  with pytest.raises(errors.InvalidAxisError, match=r"output ys \(stacked\) has shape \(5, 2, 3\), which has no axis -4"):
-    lift.init(lift.scan(layer, out_axes=-4, **LAYERS))(KEY, C0, XS)
-
-
-def test_body_not_returning_a_pair_raises_naming_the_scope():
-  single = lambda scope, c, x: dense(scope, c + x, 3)  # one array, not (carry, ys)
-  with pytest.raises(errors.ScanBodyError, match=r'scan\(/\)": the body returned float32\[2,3\]'):
-    lift.init(lift.scan(single, **SHARED))(KEY, C0, XS)
-
-
-def test_body_changing_the_carry_type_raises_with_both_types():
-  grows = lambda scope, c, x: (jnp.concatenate([c, dense(scope, x, 3)]), None)
-  with pytest.raises(errors.ScanBodyError, match=r'float32\[2, 3\] and returns the carry float32\[4, 3\]'):
-    lift.init(lift.scan(grows, **SHARED))(KEY, C0, XS)
+@pytest.mark.parametrize('scanned, variables, args, error, match', list(MISUSE.values()), ids=list(MISUSE))
+def test_misuse_is_rejected_naming_what_is_at_fault(scanned, variables, args, error, match):
+  with pytest.raises(error, match=match):
+    lift.init(scanned)(KEY, *args) if variables is None else lift.apply(scanned)(variables, *args)
 
 
 @pytest.mark.parametrize('build, error, match', [

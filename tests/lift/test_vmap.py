@@ -1,15 +1,14 @@
 """lift.vmap: oracles (jax.vmap over hand-stacked variables, flax.core.lift.vmap), shapes, state, errors."""
-import flax.core
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax.core import lift as flax_lift
 from flax.core import meta
 
 import lift
 from lift import errors
 from tests.helpers import assert_trees_close, counter, dense, mlp
+from tests.lift.test_flax_core_parity import check
 
 KEY = jax.random.key(0)
 XS = jnp.linspace(-1.0, 1.0, 15).reshape(3, 5)
@@ -55,11 +54,8 @@ def test_shared_params_equal_unmapped_call():
 @pytest.mark.parametrize('axis, split', [(0, True), (0, False), (None, False), (0, 1), (0, 0)])
 def test_init_matches_flax_core_lift_vmap(axis, split):
   """0 and 1 as split flags too: Flax tests their truth."""
-  kwargs = dict(variable_axes={'params': axis}, split_rngs={'params': split})
-  y, variables = lift.init(lift.vmap(mlp, **kwargs))(KEY, XS)
-  flax_y, flax_variables = flax.core.init(flax_lift.vmap(mlp, **kwargs))(KEY, XS)
-  assert_trees_close(variables, flax.core.unfreeze(flax_variables))
-  np.testing.assert_allclose(y, flax_y, rtol=1e-6)
+  check(lambda L: L.vmap(mlp, variable_axes={'params': axis}, split_rngs={'params': split}),
+        lambda M, fn: M.init(fn)(KEY, XS))
 
 
 def test_unsplit_stream_gives_every_item_the_same_key():
@@ -152,77 +148,65 @@ def test_metadata_params_name_the_new_axis(axis, names):
 # -- nothing lost -------------------------------------------------------------------------
 
 @pytest.mark.parametrize('axis, expected', [(0, [1, 1, 1]), (None, 1)])
-def test_counter_survives(axis, expected):
+def test_counter_survives_and_immutable_counter_is_rejected(axis, expected):
   mapped = lift.vmap(counter, variable_axes={'counter': axis}, split_rngs={})
   _, variables = lift.init(mapped)(KEY, XS)
   np.testing.assert_array_equal(variables['counter']['count'], expected)
   _, updated = lift.apply(mapped, mutable=['counter'])(variables, XS)
   np.testing.assert_array_equal(updated['counter']['count'], np.add(expected, 1))
-
-
-def test_counter_in_immutable_collection_raises():
-  mapped = lift.vmap(counter, variable_axes={'counter': 0}, split_rngs={})
-  _, variables = lift.init(mapped)(KEY, XS)
   with pytest.raises(errors.ImmutableCollectionError, match='counter'):
     lift.apply(mapped)(variables, XS)
 
-
-def test_collection_without_axis_rule_raises():
-  mapped = lift.vmap(counter, variable_axes={'params': 0}, split_rngs={})
-  with pytest.raises(errors.UnmappedCollectionError, match='"counter" is immutable inside the lifted `vmap`'):
-    lift.init(mapped)(KEY, XS)
-
-
-# -- errors --------------------------------------------------------------------------------
 
 def _pair(scope, x, y):
   return dense(scope, x, 2) + dense(scope.push('other'), y, 2)
 
 
-def test_axis_size_mismatch_names_each_argument():
-  mapped = lift.vmap(_pair, **ENSEMBLE)
-  with pytest.raises(errors.AxisSizeError) as info:
-    lift.init(mapped)(KEY, jnp.ones((3, 2)), jnp.ones((4, 2)))
-  message = str(info.value)
-  assert "size 3: axis 0 of argument 'x' (3, 2)" in message
-  assert "size 4: axis 0 of argument 'y' (4, 2)" in message
-  assert 'axis_size=N' in message
+def _dense2(scope, x):
+  return dense(scope, x, 2)
 
 
-def test_axis_size_mismatch_names_variables():
-  mapped = lift.vmap(dense, **ENSEMBLE)
-  _, variables = lift.init(mapped)(KEY, XS, features=2)
-  with pytest.raises(errors.AxisSizeError, match=r'size 3: axis 0 of variable params/(bias|kernel)'):
-    lift.apply(mapped)(variables, jnp.ones((4, 5)), features=2)
+def _record(scope, x):
+  scope.variable('stats', 'last', jnp.zeros, x.shape).value = x
+  return x
 
 
-def test_axis_size_given_disagrees():
-  mapped = lift.vmap(dense, axis_size=4, **ENSEMBLE)
-  with pytest.raises(errors.AxisSizeError, match=r'axis_size=4 was given'):
-    lift.init(mapped)(KEY, XS, features=2)
+STACKED = {'params': {'kernel': jnp.ones((3, 5, 2)), 'bias': jnp.ones((3, 2))}}
+MISUSE = {  # (mapped function, variables to apply or None to init, arguments, error, match)
+    'collection without an axis rule': (
+        lift.vmap(counter, variable_axes={'params': 0}, split_rngs={}), None, (XS,),
+        errors.UnmappedCollectionError, '"counter" is immutable inside the lifted `vmap`'),
+    'axis sizes of arguments differ': (
+        lift.vmap(_pair, **ENSEMBLE), None, (jnp.ones((3, 2)), jnp.ones((4, 2))), errors.AxisSizeError,
+        r"(?s)size 3: axis 0 of argument 'x' \(3, 2\).*size 4: axis 0 of argument 'y' \(4, 2\).*axis_size=N"),
+    'axis sizes of variables and arguments differ': (
+        lift.vmap(_dense2, **ENSEMBLE), STACKED, (jnp.ones((4, 5)),), errors.AxisSizeError,
+        r'size 3: axis 0 of variable params/(bias|kernel)'),
+    'axis_size given disagrees': (lift.vmap(_dense2, axis_size=4, **ENSEMBLE), None, (XS,),
+                                  errors.AxisSizeError, r'axis_size=4 was given'),
+    'no axis size': (lift.vmap(dense, in_axes=None, **ENSEMBLE), None, (XS, 2), errors.AxisSizeError,
+                     'pass axis_size=N'),
+    'axis out of range': (lift.vmap(dense, in_axes=(2, None), **ENSEMBLE), None, (XS, 2),
+                          errors.InvalidAxisError, r"argument 'x' has shape \(3, 5\), which has no axis 2"),
+    'scalar argument mapped': (lift.vmap(dense, **ENSEMBLE), None, (XS, 2), errors.InvalidAxisError,
+                               "argument 'features' has shape .*it is a scalar"),
+    'in_axes not a prefix': (lift.vmap(dense, in_axes=(0, None, 0), **ENSEMBLE), None, (XS, 2),
+                             errors.InvalidAxisError, 'does not fit the positional arguments'),
+    'per item write to a shared collection': (
+        lift.vmap(_record, variable_axes={'stats': None}, split_rngs={}), None, (XS,), errors.InvalidAxisError,
+        r"shared by every item.*\['stats'\]\['last'\].*pmean"),
+}
 
 
-def test_no_axis_size_raises():
-  mapped = lift.vmap(dense, in_axes=None, **ENSEMBLE)
-  with pytest.raises(errors.AxisSizeError, match='pass axis_size=N'):
-    lift.init(mapped)(KEY, XS, 2)
-  _, variables = lift.init(lift.vmap(dense, in_axes=(None, None), axis_size=4, **ENSEMBLE))(
-      KEY, XS, 2)
+@pytest.mark.parametrize('mapped, variables, args, error, match', list(MISUSE.values()), ids=list(MISUSE))
+def test_misuse_is_rejected_naming_what_is_at_fault(mapped, variables, args, error, match):
+  with pytest.raises(error, match=match):
+    lift.init(mapped)(KEY, *args) if variables is None else lift.apply(mapped)(variables, *args)
+
+
+def test_axis_size_without_mapped_inputs():
+  _, variables = lift.init(lift.vmap(dense, in_axes=(None, None), axis_size=4, **ENSEMBLE))(KEY, XS, 2)
   assert variables['params']['kernel'].shape == (4, 5, 2)
-
-
-def test_axis_out_of_range_raises():
-  mapped = lift.vmap(dense, in_axes=(2, None), **ENSEMBLE)
-  with pytest.raises(errors.InvalidAxisError, match=r"argument 'x' has shape \(3, 5\), which has no axis 2"):
-    lift.init(mapped)(KEY, XS, 2)
-  with pytest.raises(errors.InvalidAxisError, match="argument 'features' has shape .*it is a scalar"):
-    lift.init(lift.vmap(dense, **ENSEMBLE))(KEY, XS, 2)
-
-
-def test_in_axes_not_a_prefix_raises():
-  mapped = lift.vmap(dense, in_axes=(0, None, 0), **ENSEMBLE)
-  with pytest.raises(errors.InvalidAxisError, match='does not fit the positional arguments'):
-    lift.init(mapped)(KEY, XS, 2)
 
 
 @pytest.mark.parametrize('kwargs, match', [
@@ -248,13 +232,3 @@ def test_spmd_axis_name_reaches_sharding_constraints():
     _, variables = jax.jit(lift.init(mapped))(KEY, XS)
     text = jax.jit(lift.apply(mapped)).lower(variables, XS).as_text()
   assert '[{"data"}, {"model"}]' in text
-
-
-def test_per_item_write_to_a_shared_collection_raises():
-  def record(scope, x):
-    scope.variable('stats', 'last', jnp.zeros, x.shape).value = x
-    return x
-
-  mapped = lift.vmap(record, variable_axes={'stats': None}, split_rngs={})
-  with pytest.raises(errors.InvalidAxisError, match=r"shared by every item.*\['stats'\]\['last'\].*pmean"):
-    lift.init(mapped)(KEY, XS)
