@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.tree_util import PyTreeDef
 from lift._compat import Var
 
 from lift import _compat, errors, loops, rng_counters
@@ -176,6 +177,7 @@ def _merge_roots(consts: Sequence[dict], carried: Sequence[dict]) -> tuple[dict,
 def _split_ys(ys: Any, out_axes: Any) -> tuple[Any, Any]:
   """``ys`` as (scanned leaves, broadcast leaves), each with None in the other's places."""
   axes = leaf_axes('scan', 'out_axes', out_axes, ys, _is_unmapped, 'outputs ys')
+  treedef: PyTreeDef
   leaves, treedef = jax.tree.flatten(ys)
   scanned = [None if _is_unmapped(a) else x for a, x in zip(axes, leaves)]
   invariant = [x if _is_unmapped(a) else None for a, x in zip(axes, leaves)]
@@ -298,7 +300,7 @@ def _invariant_first(step: _Step, carry: LoopCarry, x: StepInputs):
 def _check_carry_types(init: Any, out: Any):
   # Shapes and dtypes only: lax.scan itself reconciles weak types.
   types = lambda tree: jax.tree.map(lambda a: f'{jnp.result_type(a).name}{list(np.shape(a))}', tree)
-  if jax.tree.structure(init) != jax.tree.structure(out) or types(init) != types(out):
+  if jax.tree.structure(init) != jax.tree.structure(out) or types(init) != types(out):  # type: ignore[operator]  # jaxlib has no stubs, PyTreeDef is unresolved
     raise errors.ScanBodyError(_CARRY_CHANGED.format(before=types(init), after=types(out)))
 
 
@@ -318,6 +320,7 @@ def _plan(step: _Step, carry_variables: tuple[dict, ...], init: Any, xs: StepInp
   )(LoopCarry(carry_variables, init), jax.tree.map(_step_shape, xs))
   step.replay.save()
   _check_invariant(jaxpr, invariant)
+  treedef: PyTreeDef
   leaves, treedef = jax.tree.flatten(invariant)
   invariant = treedef.unflatten(_evaluate_outputs(jaxpr, len(leaves)))
   _check_carry_types(init, out_carry.carry)
@@ -326,7 +329,7 @@ def _plan(step: _Step, carry_variables: tuple[dict, ...], init: Any, xs: StepInp
                   for group, out in zip(carry_variables, returned))
   consts = tuple({c: t for c, t in group.items() if c not in out}
                  for group, out in zip(carry_variables, returned))
-  peel = jax.tree.structure(carried) != jax.tree.structure(returned)
+  peel = jax.tree.structure(carried) != jax.tree.structure(returned)  # type: ignore[operator]  # jaxlib has no stubs, PyTreeDef is unresolved
   body = step
   if not peel and not jax.tree.leaves(invariant.variables) and step.replay.replays_first():
     body = _TracedStep(jaxpr, len(leaves), jax.tree.structure((out_carry, scanned)), consts)
@@ -383,6 +386,7 @@ def _place_ys(scanned: Any, invariant: Any, out_axes: Any) -> Any:
   ys = jax.tree.map(lambda s, i: i if s is None else s, scanned, invariant,
                     is_leaf=lambda x: x is None)
   axes = leaf_axes('scan', 'out_axes', out_axes, ys, _is_unmapped, 'outputs ys')
+  treedef: PyTreeDef
   paths, treedef = jax.tree_util.tree_flatten_with_path(ys)
   placed = []
   for (path, y), axis in zip(paths, axes):

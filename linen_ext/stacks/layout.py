@@ -113,7 +113,7 @@ def check_same_variables(trees: Sequence[Mapping[str, Any]], what: str) -> None:
         raise errors.LayerMismatchError(_VARIABLE_MISMATCH.format(
             what=what, index=index, path=path, seen=_describe(seen.get(path)),
             expected=_describe(expected.get(path))))
-    if jax.tree.structure(tree) != jax.tree.structure(trees[0]):
+    if jax.tree.structure(tree) != jax.tree.structure(trees[0]):  # type: ignore[operator]  # jaxlib has no stubs, PyTreeDef is unresolved
       raise errors.LayerMismatchError(_STRUCTURE_MISMATCH.format(
           what=what, index=index, expected=jax.tree.structure(trees[0]),
           seen=jax.tree.structure(tree)))
