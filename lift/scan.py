@@ -22,8 +22,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -165,6 +165,7 @@ class _CounterReplay:
 
   def replays_first(self) -> bool:
     """Whether a later trace draws exactly the keys of the first one."""
+    assert self.saved is not None, 'save() runs after the first trace'
     return all(rng_counters.frozen(a) == rng_counters.frozen(b) for a, b in zip(self.saved, self.before))
 
 
@@ -200,7 +201,7 @@ class _Step:
   kwargs: dict[str, Any]
   replay: _CounterReplay
 
-  def _args(self, scanned: Sequence[Any]) -> Any:
+  def _args(self, scanned: Iterable[Any]) -> Any:
     scanned = iter(scanned)
     leaves = [x if a is None else next(scanned) for x, a in zip(self.arg_leaves, self.arg_axes)]
     return self.arg_treedef.unflatten(leaves)
@@ -300,7 +301,9 @@ def _invariant_first(step: _Step, carry: LoopCarry, x: StepInputs):
 def _check_carry_types(init: Any, out: Any):
   # Shapes and dtypes only: lax.scan itself reconciles weak types.
   types = lambda tree: jax.tree.map(lambda a: f'{jnp.result_type(a).name}{list(np.shape(a))}', tree)
-  if jax.tree.structure(init) != jax.tree.structure(out) or types(init) != types(out):  # type: ignore[operator]  # jaxlib has no stubs, PyTreeDef is unresolved
+  # jaxlib ships no type stubs: mypy cannot resolve PyTreeDef, nor its comparison.
+  if (jax.tree.structure(init) != jax.tree.structure(out)  # type: ignore[operator]
+      or types(init) != types(out)):
     raise errors.ScanBodyError(_CARRY_CHANGED.format(before=types(init), after=types(out)))
 
 
@@ -310,7 +313,7 @@ class _Plan(NamedTuple):
   consts: tuple[dict, ...]  # carry collections the steps only read
   invariant: Invariant  # the values of the loop-invariant writes
   peel: bool  # whether the first step creates carry variables
-  body: Callable[..., Any]  # the loop body: the step, or the pre-pass's trace of it
+  body: _Step | _TracedStep  # the loop body: the step, or the pre-pass's trace of it
 
 
 def _plan(step: _Step, carry_variables: tuple[dict, ...], init: Any, xs: StepInputs) -> _Plan:
@@ -329,8 +332,9 @@ def _plan(step: _Step, carry_variables: tuple[dict, ...], init: Any, xs: StepInp
                   for group, out in zip(carry_variables, returned))
   consts = tuple({c: t for c, t in group.items() if c not in out}
                  for group, out in zip(carry_variables, returned))
-  peel = jax.tree.structure(carried) != jax.tree.structure(returned)  # type: ignore[operator]  # jaxlib has no stubs, PyTreeDef is unresolved
-  body = step
+  # jaxlib ships no type stubs: mypy cannot resolve PyTreeDef, nor its comparison.
+  peel = jax.tree.structure(carried) != jax.tree.structure(returned)  # type: ignore[operator]
+  body: _Step | _TracedStep = step
   if not peel and not jax.tree.leaves(invariant.variables) and step.replay.replays_first():
     body = _TracedStep(jaxpr, len(leaves), jax.tree.structure((out_carry, scanned)), consts)
   return _Plan(carried, consts, invariant, peel, body)
@@ -366,7 +370,7 @@ def _run_loop(step: _Step | _TracedStep, config: ScanConfig, carry: LoopCarry,
                         split_transpose=config.split_transpose)
 
 
-def _peeled_loop(step: _Step, config: ScanConfig, carry: LoopCarry, xs: StepInputs,
+def _peeled_loop(step: _Step | _TracedStep, config: ScanConfig, carry: LoopCarry, xs: StepInputs,
                  length: int):
   """The first step on its own (it creates variables), then a loop over the others."""
   reverse = config.reverse
@@ -400,7 +404,7 @@ def _place_ys(scanned: Any, invariant: Any, out_axes: Any) -> Any:
 
 def _scanned_inputs(fn, config: ScanConfig, variable_groups, rng_groups, args):
   """The variables, rngs and arguments that the loop slices, all moved to axis 0, and the length."""
-  in_axes = config.variable_axes.in_axes
+  in_axes = cast(tuple[int, ...], config.variable_axes.in_axes)  # scan's axes are never None
   groups = remove_group_axes(variable_groups, in_axes, config.metadata_params)
   arg_axes = [None if _is_unmapped(a) else a for a in leaf_axes(
       'scan', 'in_axes', config.in_axes, args, _is_unmapped, 'scanned arguments')]
@@ -430,7 +434,7 @@ def _scan_groups(fn, config: ScanConfig, scope_fn, repack_fn, variable_groups,
   carry, (scanned_ys, scanned_groups) = loop(plan.body, config, LoopCarry(plan.carried, init), xs,
                                                 length)
   ys = _place_ys(scanned_ys, plan.invariant.ys, config.out_axes)
-  out_axes = config.variable_axes.out_axes
+  out_axes = cast(tuple[int, ...], config.variable_axes.out_axes)  # scan's axes are never None
   scanned_groups = tuple(move_axis(g, 0, a) for g, a in zip(scanned_groups, out_axes))
   scanned_groups = add_group_axes(scanned_groups, out_axes, config.metadata_params)
   out_groups = (plan.invariant.variables, carry.variables) + scanned_groups

@@ -113,7 +113,8 @@ def check_same_variables(trees: Sequence[Mapping[str, Any]], what: str) -> None:
         raise errors.LayerMismatchError(_VARIABLE_MISMATCH.format(
             what=what, index=index, path=path, seen=_describe(seen.get(path)),
             expected=_describe(expected.get(path))))
-    if jax.tree.structure(tree) != jax.tree.structure(trees[0]):  # type: ignore[operator]  # jaxlib has no stubs, PyTreeDef is unresolved
+    # jaxlib ships no type stubs: mypy cannot resolve PyTreeDef, nor its comparison.
+    if jax.tree.structure(tree) != jax.tree.structure(trees[0]):  # type: ignore[operator]
       raise errors.LayerMismatchError(_STRUCTURE_MISMATCH.format(
           what=what, index=index, expected=jax.tree.structure(trees[0]),
           seen=jax.tree.structure(tree)))
@@ -213,7 +214,7 @@ def per_layer(value: Any) -> PerLayer:
 
 class _Row(NamedTuple):
   """Where the ``index``-th per-layer value goes in a layer's arguments."""
-  index: int
+  index: int  # type: ignore[assignment]  # a field may shadow tuple.index
 
 
 class LayerArgs(NamedTuple):

@@ -90,7 +90,8 @@ def _step_result(stack: str, mode: str, carry: Any, result: Any) -> tuple[Any, A
         stack=stack, mode=mode, kind=f'a {type(result).__name__}',
         needed='a (carry, out) pair'))
   new_carry, out = result if mode == 'scan' else (result, None)
-  if jax.tree.structure(new_carry) != jax.tree.structure(carry):  # type: ignore[operator]  # jaxlib has no stubs, PyTreeDef is unresolved
+  # jaxlib ships no type stubs: mypy cannot resolve PyTreeDef, nor its comparison.
+  if jax.tree.structure(new_carry) != jax.tree.structure(carry):  # type: ignore[operator]
     raise errors.LayerStackError(_BAD_STEP.format(
         stack=stack, mode=mode, kind=f'a carry {jax.tree.structure(new_carry)}',
         needed=f'the structure of its carry, {jax.tree.structure(carry)}'))
