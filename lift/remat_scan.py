@@ -53,7 +53,7 @@ def _step_remat(policy: Callable[..., Any] | None) -> loops.ScanCheckpointPolicy
 
 
 def _remat_level(body_fn, lengths: tuple[int, ...], policy, metadata_params, rules: _Rules):
-  remat: loops.ScanCheckpointPolicy | bool | None  # as `remat=` takes it
+  remat: loops.ScanCheckpointPolicy | bool | None  # False: no checkpoint
   if len(lengths) == 1:
     step, remat = functools.partial(_carry_only_step, body_fn), False
   else:

@@ -154,7 +154,7 @@ def _map_flax_children(module: flax_nn.Module, fn) -> dict[str, Any]:
     if isinstance(value, (list, tuple)):
       return type(value)(walk(v) for v in value)
     if isinstance(value, Mapping):
-      return type(value)({k: walk(v) for k, v in value.items()})
+      return type(value)({k: walk(v) for k, v in value.items()})  # type: ignore[call-arg]
     return value
 
   changed = {}
