@@ -315,7 +315,8 @@ def _layer_indices(col: str, tree: Mapping[str, Any], prefix: str) -> list[int]:
   if extra:
     raise errors.LayerStackError(_EXTRA_KEYS.format(
         what='layers_to_stacked', collection=col, keys=extra, prefix=prefix))
-  indices = sorted(int(match.group(1)) for match in matches.values())
+  indices = sorted(int(match.group(1)) for match in matches.values()
+                   if match is not None)  # all are: `extra` is empty
   if indices != list(range(len(indices))):
     raise errors.LayerStackError(_GAPS.format(
         what='layers_to_stacked', collection=col, indices=indices, last=len(indices) - 1))

@@ -343,12 +343,15 @@ class BlockSeq(_LayerStack):
 
   @property
   def num_layers(self) -> int:
-    return self.length if is_module_class(self.layers) else len(self.layers)
+    if is_module_class(self.layers):
+      assert self.length is not None  # __post_init__ checked it
+      return self.length
+    return len(self.layers)
 
   def setup(self):
     if is_module_class(self.layers):
       self.blocks = tuple(self.layers(name=layer_name('layers', i), **self.block_kwargs)
-                          for i in range(self.length))
+                          for i in range(self.num_layers))
 
   @property
   def _blocks(self) -> tuple[Module, ...]:
