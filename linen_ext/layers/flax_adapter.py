@@ -153,7 +153,7 @@ def _map_flax_children(module: flax_nn.Module, fn) -> dict[str, Any]:
       return fn(value)
     if isinstance(value, (list, tuple)):
       return type(value)(walk(v) for v in value)
-    if isinstance(value, Mapping):
+    if isinstance(value, Mapping):  # a concrete Mapping type, which takes its items
       return type(value)({k: walk(v) for k, v in value.items()})  # type: ignore[call-arg]
     return value
 
