@@ -211,7 +211,7 @@ def mapped_variables(groups: Sequence[Any], axes: Sequence[int | None]) -> list[
   Boxes are looked into, not unboxed: ``Partitioned.unbox`` would add a
   sharding constraint just to read a shape.
   """
-  leaves = []
+  leaves: list[MappedLeaf] = []
   for group, axis in zip(groups, axes):
     if axis is None:
       continue

@@ -57,7 +57,7 @@ def from_flax(f: Any) -> Any:
   >>> from_flax(flax.core.DenyList('params'))
   DenyList(deny=frozenset({'params'}))
   """
-  return DenyList(f.deny) if isinstance(f, FlaxDenyList) else f
+  return DenyList(from_flax(f.deny)) if isinstance(f, FlaxDenyList) else f
 
 
 def _finite(f: Filter) -> frozenset[str]:

@@ -91,7 +91,8 @@ def apply(fn: Callable[..., Any], mutable: Filter = False,
     root = bind(variables, rngs=rngs, mutable=mutable, flags=flags)
     try:
       y = fn(root, *args, **kwargs)
-      mutated = root.mutable_variables() if mutable is not False else None
+      mutated: Mapping[str, Any] | None = (
+          root.mutable_variables() if mutable is not False else None)
       if mutated is not None and flax_config.flax_return_frozendict:  # Flax's legacy output
         mutated = freeze(mutated)
     finally:

@@ -275,6 +275,7 @@ def _trace_first(key: CallKey, options, scope_fn, repack_fn, dynamic: tuple, poo
       return _Recorded((), (), 0, concrete=True)
     if call.recorded is None:  # JAX still had this trace: record with an uncached one
       jax.eval_shape(functools.partial(_jit_body, key), *args)
+  assert call.recorded is not None, 'tracing _jit_body records the call'
   return call.recorded
 
 
@@ -317,9 +318,10 @@ class _JitOptions(NamedTuple):
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(options: _JitOptions) -> Callable[..., Any]:
+def _compiled(options: _JitOptions) -> jax.stages.Wrapped:
   # Arguments of _jit_body before the dynamic positional ones: key, variables, keys, hashes, kwargs.
-  placement = {k: v for k, v in (('device', options.device), ('backend', options.backend))
+  placement: dict[str, Any] = {
+      k: v for k, v in (('device', options.device), ('backend', options.backend))
                if v is not None}  # deprecated in jax.jit: passed only when given
   return jax.jit(_jit_body, static_argnums=0, donate_argnums=tuple(5 + i for i in options.donate),
                  **placement)

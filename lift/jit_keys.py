@@ -83,7 +83,8 @@ class Draw(NamedTuple):
   stream: str
   suffix: tuple[Any, ...]  # may hold _OUTER, the lifted stream's own suffix
   node: tuple[str, ...]  # counter path below the lifted root
-  count: int  # relative to the counter when the call starts
+  # Relative to the counter when the call starts. A field may shadow tuple.count.
+  count: int  # type: ignore[assignment]
 
 
 class Tape:
@@ -150,7 +151,9 @@ def draw_hashes(draws: Sequence[Draw], streams: Sequence[dict[str, RngStream]],
 
 def tape_streams(raw_keys: Sequence[dict[str, Any]], tape: Tape) -> tuple[Any, ...]:
   """Rng groups of tape streams: ``((root 0 streams, root 1 streams, ...),)``."""
-  return (tuple({name: TapeStream(key, (_OUTER,), name, r, (), tape)
+  # A tape stream's suffix holds _OUTER, not hashed: draw_hashes puts the real one in.
+  return (tuple({name: TapeStream(key, (_OUTER,), name, r, (),  # type: ignore[arg-type]
+                                  tape)
                  for name, key in keys.items()} for r, keys in enumerate(raw_keys)),)
 
 

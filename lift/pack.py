@@ -65,6 +65,7 @@ def dedup_scopes(scope_tree: Any) -> LiftedScopes:
       raise TypeError(f'pack expects a Scope (or a pytree of Scopes), got {type(scope).__name__}.')
     scope._check_valid()
   lifted = {s.identity for s in scopes}
+  roots: list[Scope]
   roots, root_index, paths = [], {}, []
   for scope in scopes:
     root, below = _highest_lifted_ancestor(scope, lifted)
@@ -76,9 +77,11 @@ def dedup_scopes(scope_tree: Any) -> LiftedScopes:
 
 
 def _highest_lifted_ancestor(scope: Scope, lifted: set) -> tuple[Scope, tuple[str, ...]]:
+  below: tuple[str, ...]
   best, below, names = scope, (), []
   node = scope
   while node.parent is not None:
+    assert node.name is not None, 'a child scope has a name'
     names.append(node.name)
     node = node.parent
     if node.identity in lifted:
@@ -115,7 +118,8 @@ def _returned(outer: Scope, spec: PackSpec) -> Filter:
 
 
 def _union(filters: Sequence[Filter]) -> Filter:
-  return functools.reduce(union_filters, filters, False)
+  nothing: Filter = False
+  return functools.reduce(union_filters, filters, nothing)
 
 
 _BAD_GROUPS = (
@@ -196,6 +200,10 @@ def commit(roots: Sequence[Scope], out_groups: VariableGroups):
           root.put_variable(col, name, value)
 
 
+def _validated(filters: Sequence[Filter]) -> tuple[Filter, ...]:
+  return tuple(validate_filter(f) for f in filters)
+
+
 def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
          out_variable_filters: Sequence[Filter], rng_filters: Sequence[Filter],
          name: str | None = None, enable_kwargs: bool = True) -> Callable[..., Any]:
@@ -228,8 +236,8 @@ def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
     >>> y
     Array([[3., 3.]], dtype=float32)
   """
-  spec = PackSpec(*(tuple(validate_filter(f) for f in fs)
-                    for fs in (in_variable_filters, out_variable_filters, rng_filters)), name)
+  spec = PackSpec(_validated(in_variable_filters), _validated(out_variable_filters),
+                  _validated(rng_filters), name)
 
   @functools.wraps(fn)
   def wrapper(scope_tree, *args, **kwargs):

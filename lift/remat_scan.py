@@ -47,12 +47,13 @@ class _Rules(NamedTuple):
   split_rngs: Mapping[Filter, bool]
 
 
-def _step_remat(policy: Callable[..., Any] | None) -> loops.ScanCheckpointPolicy:
+def _step_remat(policy: Callable[..., Any] | None) -> loops.ScanCheckpointPolicy | None:
   """`remat_scan`'s `policy` (a `jax.checkpoint` policy, None saving nothing) for each step."""
   return loops.ScanCheckpointPolicy(jax_policy=policy) if policy is not None else loops.resolve_remat('full')
 
 
 def _remat_level(body_fn, lengths: tuple[int, ...], policy, metadata_params, rules: _Rules):
+  remat: loops.ScanCheckpointPolicy | bool | None  # False: no checkpoint
   if len(lengths) == 1:
     step, remat = functools.partial(_carry_only_step, body_fn), False
   else:

@@ -22,12 +22,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.tree_util import PyTreeDef
 from lift._compat import Var
 
 from lift import _compat, errors, loops, rng_counters
@@ -159,6 +160,7 @@ class _CounterReplay:
 
   def replays_first(self) -> bool:
     """Whether a later trace draws exactly the keys of the first one."""
+    assert self.saved is not None, 'save() runs after the first trace'
     return all(rng_counters.frozen(a) == rng_counters.frozen(b) for a, b in zip(self.saved, self.before))
 
 
@@ -171,6 +173,7 @@ def _merge_roots(consts: Sequence[dict], carried: Sequence[dict]) -> tuple[dict,
 def _split_ys(ys: Any, out_axes: Any) -> tuple[Any, Any]:
   """``ys`` as (scanned leaves, broadcast leaves), each with None in the other's places."""
   axes = leaf_axes('scan', 'out_axes', out_axes, ys, _is_unmapped, 'outputs ys')
+  treedef: PyTreeDef
   leaves, treedef = jax.tree.flatten(ys)
   scanned = [None if _is_unmapped(a) else x for a, x in zip(axes, leaves)]
   invariant = [x if _is_unmapped(a) else None for a, x in zip(axes, leaves)]
@@ -193,7 +196,7 @@ class _Step:
   kwargs: dict[str, Any]
   replay: _CounterReplay
 
-  def _args(self, scanned: Sequence[Any]) -> Any:
+  def _args(self, scanned: Iterable[Any]) -> Any:
     scanned = iter(scanned)
     leaves = [x if a is None else next(scanned) for x, a in zip(self.arg_leaves, self.arg_axes)]
     return self.arg_treedef.unflatten(leaves)
@@ -293,7 +296,9 @@ def _invariant_first(step: _Step, carry: LoopCarry, x: StepInputs):
 def _check_carry_types(init: Any, out: Any):
   # Shapes and dtypes only: lax.scan itself reconciles weak types.
   types = lambda tree: jax.tree.map(lambda a: f'{jnp.result_type(a).name}{list(np.shape(a))}', tree)
-  if jax.tree.structure(init) != jax.tree.structure(out) or types(init) != types(out):
+  # jaxlib ships no type stubs: mypy cannot resolve PyTreeDef, nor its comparison.
+  if (jax.tree.structure(init) != jax.tree.structure(out)  # type: ignore[operator]
+      or types(init) != types(out)):
     raise errors.ScanBodyError(_CARRY_CHANGED.format(before=types(init), after=types(out)))
 
 
@@ -303,7 +308,7 @@ class _Plan(NamedTuple):
   consts: tuple[dict, ...]  # carry collections the steps only read
   invariant: Invariant  # the values of the loop-invariant writes
   peel: bool  # whether the first step creates carry variables
-  body: Callable[..., Any]  # the loop body: the step, or the pre-pass's trace of it
+  body: _Step | _TracedStep  # the loop body: the step, or the pre-pass's trace of it
 
 
 def _plan(step: _Step, carry_variables: tuple[dict, ...], init: Any, xs: StepInputs) -> _Plan:
@@ -313,6 +318,7 @@ def _plan(step: _Step, carry_variables: tuple[dict, ...], init: Any, xs: StepInp
   )(LoopCarry(carry_variables, init), jax.tree.map(_step_shape, xs))
   step.replay.save()
   _check_invariant(jaxpr, invariant)
+  treedef: PyTreeDef
   leaves, treedef = jax.tree.flatten(invariant)
   invariant = treedef.unflatten(_evaluate_outputs(jaxpr, len(leaves)))
   _check_carry_types(init, out_carry.carry)
@@ -321,8 +327,9 @@ def _plan(step: _Step, carry_variables: tuple[dict, ...], init: Any, xs: StepInp
                   for group, out in zip(carry_variables, returned))
   consts = tuple({c: t for c, t in group.items() if c not in out}
                  for group, out in zip(carry_variables, returned))
-  peel = jax.tree.structure(carried) != jax.tree.structure(returned)
-  body = step
+  # jaxlib ships no type stubs: mypy cannot resolve PyTreeDef, nor its comparison.
+  peel = jax.tree.structure(carried) != jax.tree.structure(returned)  # type: ignore[operator]
+  body: _Step | _TracedStep = step
   if not peel and not jax.tree.leaves(invariant.variables) and step.replay.replays_first():
     body = _TracedStep(jaxpr, len(leaves), jax.tree.structure((out_carry, scanned)), consts)
   return _Plan(carried, consts, invariant, peel, body)
@@ -358,7 +365,7 @@ def _run_loop(step: _Step | _TracedStep, config: ScanConfig, carry: LoopCarry,
                         split_transpose=config.split_transpose)
 
 
-def _peeled_loop(step: _Step, config: ScanConfig, carry: LoopCarry, xs: StepInputs,
+def _peeled_loop(step: _Step | _TracedStep, config: ScanConfig, carry: LoopCarry, xs: StepInputs,
                  length: int):
   """The first step on its own (it creates variables), then a loop over the others."""
   reverse = config.reverse
@@ -378,6 +385,7 @@ def _place_ys(scanned: Any, invariant: Any, out_axes: Any) -> Any:
   ys = jax.tree.map(lambda s, i: i if s is None else s, scanned, invariant,
                     is_leaf=lambda x: x is None)
   axes = leaf_axes('scan', 'out_axes', out_axes, ys, _is_unmapped, 'outputs ys')
+  treedef: PyTreeDef
   paths, treedef = jax.tree_util.tree_flatten_with_path(ys)
   placed = []
   for (path, y), axis in zip(paths, axes):
@@ -391,7 +399,7 @@ def _place_ys(scanned: Any, invariant: Any, out_axes: Any) -> Any:
 
 def _scanned_inputs(fn, config: ScanConfig, variable_groups, rng_groups, args):
   """The variables, rngs and arguments that the loop slices, all moved to axis 0, and the length."""
-  in_axes = config.variable_axes.in_axes
+  in_axes = cast(tuple[int, ...], config.variable_axes.in_axes)  # scan's axes are never None
   groups = remove_group_axes(variable_groups, in_axes, config.metadata_params)
   arg_axes = [None if _is_unmapped(a) else a for a in leaf_axes(
       'scan', 'in_axes', config.in_axes, args, _is_unmapped, 'scanned arguments')]
@@ -421,7 +429,7 @@ def _scan_groups(fn, config: ScanConfig, scope_fn, repack_fn, variable_groups,
   carry, (scanned_ys, scanned_groups) = loop(plan.body, config, LoopCarry(plan.carried, init), xs,
                                                 length)
   ys = _place_ys(scanned_ys, plan.invariant.ys, config.out_axes)
-  out_axes = config.variable_axes.out_axes
+  out_axes = cast(tuple[int, ...], config.variable_axes.out_axes)  # scan's axes are never None
   scanned_groups = tuple(move_axis(g, 0, a) for g, a in zip(scanned_groups, out_axes))
   scanned_groups = add_group_axes(scanned_groups, out_axes, config.metadata_params)
   out_groups = (plan.invariant.variables, carry.variables) + scanned_groups

@@ -93,7 +93,7 @@ class Scope:
     ((1, 2), (3, 2))
   """
 
-  def __init__(self, variables: dict, rngs: Mapping[str, Any] | None = None,
+  def __init__(self, variables: dict | None, rngs: Mapping[str, Any] | None = None,
                name: str | None = None, mutable: Filter = False,
                parent: 'Scope | None' = None, path: tuple[str, ...] = (),
                flags: Mapping[str, Any] | None = None,
@@ -105,10 +105,13 @@ class Scope:
     self.rng_counters = rng_counters or RngCounters()
     self.reservations: dict[str, set[str | None]] = collections.defaultdict(set)
     self._root = parent.root if parent is not None else None  # None: this is the root
-    self._rel_path = parent._rel_path + (name,) if parent is not None else ()
-    self._variables = variables if parent is None else None
+    self._rel_path: tuple[str, ...] = ()  # the names from the root down to here
+    if parent is not None:
+      assert name is not None, 'a child scope has a name'
+      self._rel_path = parent._rel_path + (name,)
+    self._variables = variables if parent is None else None  # None: read the root's
     # Shared by a root and its rewound copies: invalidating the root ends them all.
-    self._root_alive = parent._root_alive if parent is not None else [True]
+    self._root_alive: list[bool] = parent._root_alive if parent is not None else [True]
     self._invalid = False
     self._debug_name: str | None = None  # the lifted transform that made this root
     self._unlifted: Filter = False  # collections mutable outside it that it does not return
@@ -121,6 +124,13 @@ class Scope:
   @property
   def root(self) -> 'Scope':
     return self if self._root is None else self._root
+
+  @property
+  def _store(self) -> dict:
+    """The root's dict of variables, ``{collection: {name: value | {child: ...}}}``."""
+    variables = self.root._variables
+    assert variables is not None, 'a root scope holds its variables'
+    return variables
 
   @property
   def path_text(self) -> str:
@@ -249,16 +259,16 @@ class Scope:
     return in_filter(self.mutable, col)
 
   def is_collection_empty(self, col: str) -> bool:
-    return not self.root._variables.get(col)
+    return not self._store.get(col)
 
   def _collection(self, col: str) -> Mapping[str, Any]:
-    node = self.root._variables.get(col, {})
+    node = self._store.get(col, {})
     for name in self._rel_path:
       node = node.get(name, {}) if isinstance(node, Mapping) else {}
     return node if isinstance(node, Mapping) else {}
 
   def _mutable_collection(self, col: str) -> dict[str, Any]:
-    node = self.root._variables.setdefault(col, {})
+    node = self._store.setdefault(col, {})
     for name in self._rel_path:
       node = node.setdefault(name, {})
     return node
@@ -351,7 +361,7 @@ class Scope:
     """
     self._check_valid()
     found = {}
-    for col, node in self.root._variables.items():
+    for col, node in self._store.items():
       for name in self._rel_path:
         node = node.get(name) if isinstance(node, Mapping) else None
       if isinstance(node, Mapping):

@@ -88,11 +88,12 @@ class PartitionedVariable(Variable):
 
   @property
   def value(self) -> Any:
-    return self._constrain(Variable.value.fget(self))
+    # mypy types a property read from the class as its getter.
+    return self._constrain(Variable.value.fget(self))  # type: ignore[attr-defined]
 
   @value.setter
   def value(self, value: Any) -> None:
-    Variable.value.fset(self, self._constrain(value))
+    Variable.value.fset(self, self._constrain(value))  # type: ignore[attr-defined]
 
 
 def variable_with_axes(collection: str, name: str, init_fn: Callable[..., Any] | None = None,
@@ -131,7 +132,8 @@ def _add_axis_to_names(target: Any, position: int, axis_name: str, collection: s
         names = list(names)
         edit_names(names)
         return tuple(names)
-      return meta.replace(names=jax.tree.map(
+      # flax.struct.dataclass adds `replace`; flax's annotations do not declare it.
+      return meta.replace(names=jax.tree.map(  # type: ignore[attr-defined]
           one, meta.names, is_leaf=lambda x: x is None or isinstance(x, tuple)))
     return jax.tree.map(leaf, tree, is_leaf=lambda x: isinstance(x, AxisMetadata))
 

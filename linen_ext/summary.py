@@ -58,7 +58,7 @@ def _shapes(tree: Any) -> Any:
 def _recorded(module: Any, rngs: Any, args: tuple, kwargs: dict, mutable: Any):
   """The calls ``module.init`` makes, in the order they start, and the variables' shapes."""
   calls: list[Call | None] = []
-  wrapped: list[tuple] = []  # (path, method) of the wrapped flax layers running
+  wrapped: list[tuple | None] = []  # (path, method) of the wrapped flax layers running
 
   def recorder(next_fun, call_args, call_kwargs, context):
     module, path = context.module, tuple(context.module.path)

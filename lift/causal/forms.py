@@ -8,7 +8,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from lift.causal import frames
-from lift.causal.interpreter import Eqn, Info, StepForm
+from lift.causal.interpreter import Eqn, Operand, StepForm, Stream
 
 DIFFERENT_AXES = (
     "its operands vary along different axes ({axes}); combining two "
@@ -39,9 +39,16 @@ def drop_entry(values: Sequence[Any], index: int) -> tuple[Any, ...]:
   return tuple(v for i, v in enumerate(values) if i != index)
 
 
+def stream_axis(op: Operand) -> int:
+  """The scan axis of `op`, an operand the rule knows varies along time."""
+  assert op.stream is not None, "the operand does not vary along time"
+  return op.stream.axis
+
+
 def common_axis(eqn: Eqn) -> int:
   """The scan axis shared by every stream operand; raises if they differ."""
-  axes = sorted({op.axis for op in eqn.operands if op.stream is not None})
+  axes = sorted({op.stream.axis for op in eqn.operands
+                 if op.stream is not None})
   if len(axes) != 1:
     raise eqn.error(DIFFERENT_AXES.format(axes=axes))
   return axes[0]
@@ -56,13 +63,13 @@ def step_args(eqn: Eqn, args: Sequence[Any], index: jax.Array,
       for op, arg, axis in zip(eqn.operands, args, axes)]
 
 
-def empty_outs(eqn: Eqn, outs: Sequence[Info]) -> list:
+def empty_outs(eqn: Eqn, outs: Sequence[Stream]) -> list:
   """Prefixes of no elements for every result."""
   return [frames.empty_prefix(aval, out.axis)
           for aval, out in zip(eqn.out_avals, outs)]
 
 
-def stateless(eqn: Eqn, outs: Sequence[Info],
+def stateless(eqn: Eqn, outs: Sequence[Stream],
               fn: Callable[[jax.Array, list], list]) -> StepForm:
   """A step form without state: `fn(index, args) -> outs` per element.
 
@@ -90,7 +97,7 @@ def stateless(eqn: Eqn, outs: Sequence[Info],
   return StepForm(outs, step, prefill)
 
 
-def stateful(eqn: Eqn, outs: Sequence[Info], init: Any,
+def stateful(eqn: Eqn, outs: Sequence[Stream], init: Any,
              step: Callable) -> StepForm:
   """A step form with state `init`; its prefill scans `step` over the prefix.
 
@@ -111,7 +118,7 @@ def stateful(eqn: Eqn, outs: Sequence[Info], init: Any,
   def prefill(args):
     if eqn.offset == 0:
       return init, empty_outs(eqn, outs)
-    xs = [jnp.moveaxis(arg, op.axis, 0)
+    xs = [jnp.moveaxis(arg, op.stream.axis, 0)
           for op, arg in zip(eqn.operands, args) if op.stream is not None]
 
     def body(state, index_and_elements):

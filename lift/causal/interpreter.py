@@ -19,7 +19,7 @@ element of every stream).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 from jax import lax
@@ -119,11 +119,10 @@ class StepForm(NamedTuple):
   prefill: PrefillFn
 
 
-class ScanRule(Protocol):
-  """Turns one equation into its `StepForm`; `params` are the equation's."""
-
-  def __call__(self, eqn: Eqn, **params: Any) -> StepForm:
-    ...
+# Turns one equation into its `StepForm`: `rule(eqn, **params)`, `params`
+# being the equation's. Rules name the parameters they read as keyword-only
+# arguments, which no Protocol with `**params` admits, hence `...`.
+ScanRule = Callable[..., StepForm]
 
 
 SCAN_RULES: dict[_compat.Primitive, ScanRule] = {}
@@ -337,8 +336,10 @@ def run_prefill(program: Program, inputs: Sequence[Any]):
   def prefill(instr, args):
     buffers = []
     for i, delay in instr.delays:
-      buffers.append(frames.delay_prefill(args[i], instr.axes[i], instr.offset, delay))
-      args[i] = lax.slice_in_dim(args[i], 0, instr.offset, axis=instr.axes[i])
+      axis = instr.axes[i]
+      assert axis is not None, "only stream operands are delayed"
+      buffers.append(frames.delay_prefill(args[i], axis, instr.offset, delay))
+      args[i] = lax.slice_in_dim(args[i], 0, instr.offset, axis=axis)
     state, outs = instr.form.prefill(args)
     states.append((tuple(buffers), state))
     return outs
@@ -347,7 +348,9 @@ def run_prefill(program: Program, inputs: Sequence[Any]):
   out_buffers = []
   for i, (info, delay) in enumerate(zip(program.out_infos, program.out_delays)):
     if delay:
-      out_buffers.append(frames.delay_prefill(outs[i], info.axis, info.offset, delay))
+      assert isinstance(info, Stream), "only stream outputs are delayed"
+      out_buffers.append(frames.delay_prefill(
+          outs[i], info.axis, info.offset, delay))
       outs[i] = lax.slice_in_dim(outs[i], 0, info.offset, axis=info.axis)
   return (tuple(states), tuple(out_buffers)), outs
 
@@ -375,6 +378,9 @@ def run_step(program: Program, states, t: jax.Array, inputs: Sequence[Any]):
   out_buffers = list(out_buffers)
   delayed = [i for i, d in enumerate(program.out_delays) if d]
   for b, i in enumerate(delayed):
-    index = t + program.out_infos[i].offset
-    out_buffers[b], outs[i] = frames.delay_step(out_buffers[b], index, outs[i])
+    info = program.out_infos[i]
+    assert isinstance(info, Stream), "only stream outputs are delayed"
+    index = t + info.offset
+    out_buffers[b], outs[i] = frames.delay_step(out_buffers[b], index,
+                                                outs[i])
   return (tuple(new_states), tuple(out_buffers)), outs

@@ -52,7 +52,7 @@ def elementwise_rule(eqn: Eqn, **params) -> StepForm:
 
 def reduction_rule(eqn: Eqn, *, axes, **params) -> StepForm:
   """Reduces over axes other than the scan axis."""
-  axis = eqn.operands[0].axis
+  axis = forms.stream_axis(eqn.operands[0])
   if axis in axes:
     raise eqn.error(REDUCES_TIME.format(axes=tuple(axes), axis=axis))
   step_axes = forms.drop_dim(axes, axis)
@@ -67,7 +67,9 @@ def reduction_rule(eqn: Eqn, *, axes, **params) -> StepForm:
 def sharding_constraint_rule(eqn: Eqn, **params) -> StepForm:
   """A sharding constraint on the whole value; steps pass through."""
   del params
-  return forms.stateless(eqn, [eqn.operands[0].stream], lambda i, a: a)
+  stream = eqn.operands[0].stream
+  assert stream is not None, "its one operand varies along time"
+  return forms.stateless(eqn, [stream], lambda i, a: a)
 
 
 def _register_all() -> None:

@@ -80,9 +80,9 @@ def _dot_out_axis(eqn: Eqn, dimension_numbers, removed) -> int:
     return lb.index(removed[0])
   lhs_free = [d for d in range(lhs.aval.ndim) if d not in lc and d not in lb]
   if lhs.stream is not None:
-    return len(lb) + lhs_free.index(lhs.axis)
+    return len(lb) + lhs_free.index(lhs.stream.axis)
   rhs_free = [d for d in range(rhs.aval.ndim) if d not in rc and d not in rb]
-  return len(lb) + len(lhs_free) + rhs_free.index(rhs.axis)
+  return len(lb) + len(lhs_free) + rhs_free.index(forms.stream_axis(rhs))
 
 
 def _causal_mask(eqn: Eqn, index: int, dimension_numbers):
@@ -107,7 +107,7 @@ def _contract_with_mask(eqn: Eqn, index: int, dimension_numbers,
   contracted = _causal_mask(eqn, index, dimension_numbers)
   if contracted is None:
     raise eqn.error(CONTRACTS_TIME.format(axis=stream.axis, index=index))
-  free, axis = 1 - contracted, stream.axis
+  free, axis = 1 - contracted, forms.stream_axis(stream)
   out_axis = 0 if index == 1 else stream.aval.ndim - 1
 
   def contract(x, rows):
@@ -149,7 +149,7 @@ def conv_rule(eqn: Eqn, **params) -> StepForm:
 
 
 def _conv_over_batch(eqn: Eqn, out_axis: int, params) -> StepForm:
-  axis = eqn.operands[0].axis
+  axis = forms.stream_axis(eqn.operands[0])
 
   def fn(index, args):
     out = forms.bind(eqn, [jnp.expand_dims(args[0], axis), args[1]], params)
@@ -161,7 +161,7 @@ def _conv_over_batch(eqn: Eqn, out_axis: int, params) -> StepForm:
 def _conv_over_time(eqn: Eqn, spatial: int, params) -> StepForm:
   lhs, rhs = eqn.operands
   _, rhs_spec, out_spec = params["dimension_numbers"]
-  axis, out_axis = lhs.axis, out_spec[2 + spatial]
+  axis, out_axis = forms.stream_axis(lhs), out_spec[2 + spatial]
   stride = params["window_strides"][spatial]
   dilation = params["lhs_dilation"][spatial]
   if stride != 1 or dilation != 1:
@@ -262,7 +262,7 @@ def gather_rule(eqn: Eqn, *, dimension_numbers, slice_sizes,
 def dynamic_slice_rule(eqn: Eqn, *, slice_sizes, **params) -> StepForm:
   """A dynamic slice that keeps the scan axis whole."""
   operand = eqn.operands[0]
-  axis = operand.axis
+  axis = forms.stream_axis(operand)
   if slice_sizes[axis] != operand.aval.shape[axis]:
     raise eqn.error(GATHER_ALONG_TIME.format(axis=axis))
   step_sizes = forms.drop_entry(slice_sizes, axis)

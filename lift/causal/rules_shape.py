@@ -39,7 +39,7 @@ TOP_K_OVER_TIME = (
 def broadcast_in_dim_rule(eqn: Eqn, *, shape, broadcast_dimensions,
                           **params) -> StepForm:
   """Broadcasts the step value; the scan axis moves to its new position."""
-  axis = eqn.operands[0].axis
+  axis = forms.stream_axis(eqn.operands[0])
   out_axis = broadcast_dimensions[axis]
   length = eqn.operands[0].aval.shape[axis]
   if length != shape[out_axis]:
@@ -67,10 +67,11 @@ def reshape_axis(shape, axis: int, new_sizes) -> int | None:
 def reshape_rule(eqn: Eqn, *, new_sizes, dimensions, **params) -> StepForm:
   """Reshapes the step value when the scan axis stays a whole axis."""
   operand = eqn.operands[0]
-  out_axis = reshape_axis(operand.aval.shape, operand.axis, new_sizes)
+  axis = forms.stream_axis(operand)
+  out_axis = reshape_axis(operand.aval.shape, axis, new_sizes)
   if out_axis is None or dimensions is not None:
     raise eqn.error(MERGES_TIME.format(
-        shape=operand.aval.shape, axis=operand.axis, new=tuple(new_sizes)))
+        shape=operand.aval.shape, axis=axis, new=tuple(new_sizes)))
   step_sizes = forms.drop_entry(new_sizes, out_axis)
 
   def fn(index, args):
@@ -82,7 +83,7 @@ def reshape_rule(eqn: Eqn, *, new_sizes, dimensions, **params) -> StepForm:
 
 def _other_axes_rule(eqn: Eqn, dimensions, params, error: str, squeezes: bool) -> StepForm:
   """An operation on axes other than the scan axis (``dimensions`` may not name it)."""
-  axis = eqn.operands[0].axis
+  axis = forms.stream_axis(eqn.operands[0])
   if axis in dimensions:
     raise eqn.error(error.format(axis=axis))
   step_dims = forms.drop_dim(dimensions, axis)
@@ -101,7 +102,7 @@ def squeeze_rule(eqn: Eqn, *, dimensions, **params) -> StepForm:
 
 def transpose_rule(eqn: Eqn, *, permutation, **params) -> StepForm:
   """Transposes the step value; the scan axis moves with the permutation."""
-  axis = eqn.operands[0].axis
+  axis = forms.stream_axis(eqn.operands[0])
   step_perm = forms.drop_dim(permutation, axis)
 
   def fn(index, args):
@@ -131,7 +132,7 @@ def sort_rule(eqn: Eqn, *, dimension, **params) -> StepForm:
 
 def top_k_rule(eqn: Eqn, *, axis, **params) -> StepForm:
   """Top k along an axis other than the scan axis: one step's top k per step."""
-  time = eqn.operands[0].axis
+  time = forms.stream_axis(eqn.operands[0])
   if axis == time:
     raise eqn.error(TOP_K_OVER_TIME.format(axis=time))
 

@@ -84,7 +84,7 @@ def _concatenate_time(eqn: Eqn, axis: int) -> StepForm:
 
 def pad_rule(eqn: Eqn, *, padding_config, **params) -> StepForm:
   """Pads step values; low padding along time raises the offset."""
-  axis = eqn.operands[0].axis
+  axis = forms.stream_axis(eqn.operands[0])
   low, high, interior = padding_config[axis]
   if interior:
     raise eqn.error(INTERIOR_PAD_TIME.format(axis=axis, interior=interior))
@@ -117,7 +117,7 @@ def slice_rule(eqn: Eqn, *, start_indices, limit_indices, strides,
                **params) -> StepForm:
   """Slices step values; dropping the first k elements of time lowers the
   offset by k."""
-  axis = eqn.operands[0].axis
+  axis = forms.stream_axis(eqn.operands[0])
   stride = 1 if strides is None else strides[axis]
   if stride != 1:
     raise eqn.error(STRIDED_TIME.format(axis=axis, stride=stride))
@@ -143,7 +143,7 @@ def slice_rule(eqn: Eqn, *, start_indices, limit_indices, strides,
 
 def split_rule(eqn: Eqn, *, sizes, axis, **params) -> StepForm:
   """Splits step values; along time, later pieces start later."""
-  time = eqn.operands[0].axis
+  time = forms.stream_axis(eqn.operands[0])
   if axis != time:
     def fn(index, args):
       return forms.bind(eqn, args, params, sizes=sizes,
@@ -185,7 +185,7 @@ def _combine(primitive):
 def cumulative_rule(eqn: Eqn, *, axis, reverse, **params) -> StepForm:
   """Cumulative ops: along time the state is the running accumulation."""
   operand = eqn.operands[0]
-  time = operand.axis
+  time = forms.stream_axis(operand)
   if axis != time:
     def fn(index, args):
       return forms.bind(eqn, args, params, axis=axis - (axis > time),

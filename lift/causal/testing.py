@@ -14,7 +14,9 @@ def _assert_close(got: Any, want: Any, rtol: float, atol: float,
                   what: str) -> None:
   got_leaves, got_tree = jax.tree.flatten(got)
   want_leaves, want_tree = jax.tree.flatten(want)
-  assert got_tree == want_tree, f"{what}: tree {got_tree} != {want_tree}"
+  # jaxlib ships no type stubs: mypy cannot resolve PyTreeDef, nor its ==.
+  assert got_tree == want_tree, (  # type: ignore[operator]
+      f"{what}: tree {got_tree} != {want_tree}")
   for g, w in zip(got_leaves, want_leaves):
     assert g.shape == w.shape and g.dtype == w.dtype, (
         f"{what}: {g.dtype}{g.shape} != {w.dtype}{w.shape}")

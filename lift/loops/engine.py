@@ -45,10 +45,10 @@ def scan_length(xs: Any, length: int | None = None) -> int:
     if length is None:
       raise ScanLengthError(_messages.NO_LENGTH)
     return int(length)
-  path, size = next(iter(sizes.items()))
+  label, size = next(iter(sizes.items()))
   if length is not None and length != size:
     raise ScanLengthError(_messages.LENGTH_MISMATCH.format(
-        length=length, size=size, path=f"xs{path}"))
+        length=length, size=size, path=f"xs{label}"))
   return size
 
 
@@ -80,7 +80,8 @@ def run_scan(body: Callable[[Any, Any], tuple[Any, Any]], init: Any, xs: Any, *,
   """
   policy = resolve_remat(remat)
   steps = scan_length(xs, length)
-  options = dict(length=steps, reverse=reverse, unroll=unroll, _split_transpose=split_transpose)
+  options: dict[str, Any] = dict(length=steps, reverse=reverse, unroll=unroll,
+                                 _split_transpose=split_transpose)
   if policy is None:
     return lax.scan(body, init, xs, **options)
   policy = on_this_backend(policy)

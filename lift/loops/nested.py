@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import jax
@@ -104,12 +104,14 @@ class Recompute(NamedTuple):
   """Runs loop-order step `step` from logical slot `src` into slot `dst`; if not `active`, copies.
 
   Logical slot 0 is `init`, which has no row; slot s is row s-1 of the buffer.
-  In a `Schedule` the fields are arrays, `step` a position in `xs`, `dst` a row.
+  In a `Schedule` the fields are arrays, `step` a position in `xs`, `dst` a row;
+  the backward loop sees them traced. Hence `Any`: a NamedTuple cannot be generic
+  on Python 3.10.
   """
-  active: bool
-  step: int
-  src: int
-  dst: int
+  active: Any  # bool
+  step: Any  # int
+  src: Any  # int
+  dst: Any  # int
 
 
 class Iteration(NamedTuple):
@@ -205,7 +207,7 @@ class Loop(NamedTuple):
   offload_carries: bool
 
 
-def _take(tree: Any, t: jax.Array) -> Any:
+def _take(tree: Any, t: int | jax.Array) -> Any:
   return jax.tree.map(lambda leaf: lax.dynamic_index_in_dim(leaf, t, keepdims=False), tree)
 
 
@@ -222,7 +224,7 @@ def _diff_leaves(tree: Any) -> list[Any]:
   return [leaf for leaf in jax.tree.leaves(tree) if _differentiable(leaf)]
 
 
-def _with_diff_leaves(tree: Any, new: list[Any]) -> Any:
+def _with_diff_leaves(tree: Any, new: Iterable[Any]) -> Any:
   new = iter(new)
   leaves, treedef = jax.tree.flatten(tree)
   return jax.tree.unflatten(treedef, [next(new) if _differentiable(leaf) else leaf

@@ -52,7 +52,10 @@ def _row_starts(n: int, x: jax.Array) -> list[jax.Array]:
   """
   zero = lax.convert_element_type(lax.gt(x.reshape(-1)[0], jnp.inf), np.int32)
   key = jnp.stack([zero, zero + 1])
-  starts = lax.sort((key,) + tuple(np.full((2,), i, np.int32) for i in range(n)), num_keys=1)[1:]
+  # lax.sort takes any arrays; its annotation admits only jax.Array.
+  starts = lax.sort(
+      (key,) + tuple(np.full((2,), i, np.int32) for i in range(n)),  # type: ignore[misc]
+      num_keys=1)[1:]
   return [start[0] for start in starts]
 
 
@@ -198,6 +201,7 @@ def unstack_rows(tree: Any) -> list[Any]:
     raise ValueError(f'unstack_rows: the leaves need one shared leading axis; their '
                      f'shapes are {[np.shape(leaf) for leaf in leaves]}.')
   n = lengths.pop()
+  assert n is not None  # checked above
   leaves = [jnp.asarray(leaf) for leaf in leaves]
   numeric = [leaf for leaf in leaves if _is_numeric(leaf)]
   rows = iter(unstack_rows_p.bind(*numeric) if numeric else ())

@@ -53,6 +53,7 @@ def _taps(where: str, taps: Any) -> tuple[int, ...]:
 
 def parse_sequence(index: int, spec: Any) -> SequenceSpec:
   """An array (tap 0) or `{'input': x, 'taps': [...]}` as a `SequenceSpec`."""
+  taps: tuple[int, ...]
   if not isinstance(spec, dict):
     values, taps = spec, (0,)
   elif set(spec) <= {"input", "taps"} and "input" in spec:

@@ -34,7 +34,7 @@ import dataclasses
 import functools
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import flax.core
 import flax.errors
@@ -153,8 +153,8 @@ def _map_flax_children(module: flax_nn.Module, fn) -> dict[str, Any]:
       return fn(value)
     if isinstance(value, (list, tuple)):
       return type(value)(walk(v) for v in value)
-    if isinstance(value, Mapping):
-      return type(value)({k: walk(v) for k, v in value.items()})
+    if isinstance(value, Mapping):  # a concrete Mapping type, which takes its items
+      return type(value)({k: walk(v) for k, v in value.items()})  # type: ignore[call-arg]
     return value
 
   changed = {}
@@ -201,7 +201,7 @@ def _flax_path(scope: Scope) -> tuple[str, ...]:
   if len(suffixes) == 1:
     suffix = suffixes.pop()
     if all(isinstance(name, str) for name in suffix):
-      return suffix
+      return cast(tuple[str, ...], suffix)
   return scope.path
 
 
@@ -262,22 +262,26 @@ def run_flax(scope: Scope, target: flax_nn.Module, method: str, args: tuple,
   >>> y = run_flax(scope, flax.linen.Dense(3), '__call__', (x,), {})
   """
   path = _flax_path(scope)
+  runs: flax_nn.Module | _Built = target  # what FlaxCall binds: the target, or a group
+  members: dict[str, Scope] | None
   native = _native_rngs(scope, path)
   rngs = _flax_keys(scope, native)
   initializing = bool(scope.get_flag('initializing', False))
   if path and scope.parent is not None and path[-1] == scope.name:
     # flax runs at the caller's path and binds the target (and its siblings) there.
-    base, members = path[:-1], {m.name: m.scope for m in _flatten(siblings)}
-    members[scope.name] = scope
-    counters, target = scope.parent.rng_counters, _Built(target, scope.name, _built(siblings))
+    # Siblings are field submodules of a bound module: bound (and named) with it.
+    base = path[:-1]
+    members = cast(dict[str, Scope], {m.name: m.scope for m in _flatten(siblings)})
+    members[path[-1]] = scope
+    counters, runs = scope.parent.rng_counters, _Built(target, path[-1], _built(siblings))
   elif path:  # a root scope (or a cut suffix): a group binds the target alone at path[-1]
     base, members, counters = path[:-1], {path[-1]: scope}, RngCounters()
     counters.children[path[-1]] = scope.rng_counters
-    target = _Built(target, path[-1], ())
+    runs = _Built(target, path[-1], ())
   else:  # the target is flax's root
     base, members, counters = (), None, scope.rng_counters
   existing = _read(scope, members)
-  call = FlaxCall(target, method, args, kwargs, existing if initializing else {},
+  call = FlaxCall(runs, method, args, kwargs, existing if initializing else {},
                   counters if native else None)
   if not has_tape_streams(scope.rngs):
     return _run_root(scope, members, base, call, existing, rngs, initializing)
@@ -306,7 +310,7 @@ def _run_root(scope: Scope, members: Mapping[str, Scope] | None, base: tuple[str
 
 
 # flax's variable errors, and the pattern of each message: (variable, collection, path)
-_FLAX_VARIABLE_ERRORS = {
+_FLAX_VARIABLE_ERRORS: dict[type[Exception], str] = {
     flax.errors.ScopeCollectionNotFound:
         r'"(?P<name>[^"]*)" from collection "(?P<col>[^"]*)" in "(?P<path>[^"]*)"',
     flax.errors.ScopeVariableNotFoundError:
@@ -366,7 +370,8 @@ def _flatten(wrappers: Sequence['FlaxModule']) -> list['FlaxModule']:
 
 
 def _built(wrappers: Sequence['FlaxModule']) -> tuple[_Built, ...]:
-  return tuple(_Built(w.module, w.name, _built(w.siblings)) for w in wrappers)
+  return tuple(_Built(w.module, cast(str, w.name), _built(w.siblings))  # named: bound
+               for w in wrappers)
 
 
 def _read(scope: Scope, members: Mapping[str, Scope] | None) -> dict:

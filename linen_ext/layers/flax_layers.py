@@ -500,6 +500,7 @@ class Sequential(Module):
   @compact
   def __call__(self, *args, **kwargs):
     if not self.layers:
+      assert self.scope is not None  # a compact method runs bound
       raise ValueError(f'Empty Sequential module at "{self.scope.path_text}": it has no '
                        'layers to apply. Fix: pass at least one, e.g. `Sequential([Dense(4)])`.')
     outputs = self.layers[0](*args, **kwargs)

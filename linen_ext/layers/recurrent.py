@@ -150,6 +150,7 @@ class RNN(Module):
                 unroll=self.unroll)
     carry, outputs = loop(self.cell, initial_carry, inputs)
     if keep_carries:
+      assert seq_lengths is not None  # keep_carries says so
       carries, outputs = outputs
       carry = _carry_at(carries, seq_lengths)
     if reverse and keep_order:

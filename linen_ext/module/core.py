@@ -81,7 +81,9 @@ def map_modules(fn: Callable[[str, Any], Any], tree: Any, suffix: str = '') -> A
     # under two keys is named after the first.
     items = sorted(tree.items(), key=lambda kv: kv[0]) if _sortable(tree) else tree.items()
     mapped = {k: map_modules(fn, v, f'{suffix}_{k}') for k, v in items}
-    return FrozenDict(mapped) if isinstance(tree, (dict, FrozenDict)) else type(tree)(mapped)
+    if isinstance(tree, (dict, FrozenDict)):
+      return FrozenDict(mapped)
+    return type(tree)(mapped)  # type: ignore[call-arg]  # a concrete Mapping takes its items
   if isinstance(tree, (list, tuple)):
     items = [map_modules(fn, v, f'{suffix}_{i}') for i, v in enumerate(tree)]
     return type(tree)(*items) if hasattr(tree, '_fields') else tuple(items)
@@ -101,7 +103,14 @@ def _module_fields(module) -> list[dataclasses.Field]:
 
 
 @typing.dataclass_transform(field_specifiers=(dataclasses.field,))
-class Module(VariablesMixin, EntryMixin):
+class _DataclassBase:
+  """Tells type checkers that `Module` and its subclasses are dataclasses (as
+  `_make_dataclass` makes every subclass), so ``parent`` and ``name`` are fields."""
+  if typing.TYPE_CHECKING:
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+
+class Module(VariablesMixin, EntryMixin, _DataclassBase):
   """Base class of models: subclasses become dataclasses with ``parent`` and ``name``.
 
   Variable trees, names and initial values are those of `flax.linen.Module`
@@ -121,9 +130,16 @@ class Module(VariablesMixin, EntryMixin):
   # Declared for type checkers; every subclass gets them as keyword-only dataclass fields.
   parent: Any = dataclasses.field(default=UNSPECIFIED, kw_only=True, repr=False, compare=False)
   name: str | None = dataclasses.field(default=None, kw_only=True)
-  scope: Scope | None = None
-  _state: ModuleState = UNINITIALIZED
-  _compact_name_scope_methods: tuple[str, ...] = ()  # set per subclass
+  if typing.TYPE_CHECKING:  # attributes, not fields
+    scope: Scope | None = dataclasses.field(default=None, init=False)
+    _state: ModuleState = dataclasses.field(default=UNINITIALIZED, init=False)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # where a subclass defines it
+      ...
+  else:
+    scope = None
+    _state = UNINITIALIZED
+  _compact_name_scope_methods: ClassVar[tuple[str, ...]] = ()  # set per subclass
   # How `tabulate` shows this module's calls, a hook like `_capture` and `_named_scope`:
   # 'row' (a row of its own), 'flax' (none: the flax module it runs reports itself) or
   # 'row_over_flax' (its row, in place of the row of the flax layer it runs).
@@ -166,17 +182,19 @@ class Module(VariablesMixin, EntryMixin):
     if not parent._initialization_allowed:
       raise errors.SubmoduleOutsideSetupError(type(parent).__name__, 'Submodule',
                                               type(self).__name__)
-    if self.name is None:
+    name = self.name
+    if name is None:
       prefix = self.autoname_prefix()
       cursor = parent._state.autoname_cursor.get(prefix, 0)
-      object.__setattr__(self, 'name', f'{prefix}_{cursor}')
+      name = f'{prefix}_{cursor}'
+      object.__setattr__(self, 'name', name)
       parent._state.autoname_cursor[prefix] = cursor + 1
     reuse = parent._state.in_setup and parent._state.setup_called == SetupState.TRANSFORMED
-    if not reuse and parent.scope.name_reserved(self.name):
-      raise errors.NameInUseError('submodule', self.name, type(parent).__name__,
+    if not reuse and parent.scope.name_reserved(name):
+      raise errors.NameInUseError('submodule', name, type(parent).__name__,
                                   parent.scope.path)
-    object.__setattr__(self, 'scope', parent.scope.push(self.name, reuse=reuse))
-    _children(parent)[self.name] = self
+    object.__setattr__(self, 'scope', parent.scope.push(name, reuse=reuse))
+    _children(parent)[name] = self
 
   def autoname_prefix(self) -> str:
     """The prefix of automatic names, ``ClassName`` as in Flax.
@@ -191,6 +209,7 @@ class Module(VariablesMixin, EntryMixin):
     """Adopts the modules in attribute ``name`` and stores it (lists become tuples)."""
     # Outside modules adopted under one root keep their sharing: the same instance
     # passed twice becomes one clone (by instance id), kept on the root scope.
+    assert self.scope is not None, 'a module adopts submodules once bound'
     cache = self.scope.root.client_cache.setdefault('adopted_modules', {})
     preserve = getattr(type(self), 'preserve_adopted_names', flax_config.flax_preserve_adopted_names)
     queue = []
@@ -277,6 +296,7 @@ class Module(VariablesMixin, EntryMixin):
     finally:
       context.module_stack.pop()
       if is_compact:
+        assert self.scope is not None, 'checked before the call'
         object.__setattr__(self, 'scope', self.scope.rewound())
       if (is_compact or is_setup) and not recurrent:
         state.reset()
@@ -388,7 +408,7 @@ def _children(module: Module) -> dict[str, Module]:
   return module.__dict__.setdefault('_Module__children', {})
 
 
-def _make_dataclass(cls: type, kw_only: bool) -> None:
+def _make_dataclass(cls: type[Module], kw_only: bool) -> None:
   annotations = cls.__dict__.get('__annotations__', {})
   for reserved in ('parent', 'name'):
     if reserved in annotations:
@@ -402,8 +422,8 @@ def _make_dataclass(cls: type, kw_only: bool) -> None:
   for reserved in ('parent', 'name'):
     fields[reserved] = fields.pop(reserved)
   cls.parent = _ParentRef()
-  if cls.__hash__ is not None:
-    cls.__hash__ = _unbound_only_hash(cls.__hash__)
+  if cls.__hash__ is not None:  # wraps the dataclass-made method, whose type mypy cannot see
+    cls.__hash__ = _unbound_only_hash(cls.__hash__)  # type: ignore[method-assign, assignment]
 
 
 class _ParentRef:
@@ -461,7 +481,7 @@ def _wrap_local_methods(cls: type) -> None:
 class CompactNameScope(Module):
   """The submodule a `compact_name_scope` method runs in: ``fn(module, ...)`` as its compact call."""
   fn: Callable[..., Any]
-  module_ref: Callable[[], Module]  # a weak reference: the module holds this submodule
+  module_ref: Callable[[], Module | None]  # a weak reference: the module holds this submodule
 
   @compact
   def __call__(self, *args, **kwargs):

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import typing
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import jax
 
@@ -26,6 +27,7 @@ from linen_ext.module.state import context
 from linen_ext.describe import short_str
 
 CaptureFilter = bool | Callable[[Any, str], bool]
+_Capture = Literal[False] | Callable[[Any, str], bool]  # True resolved by _capture_filter
 
 
 def capture_call_intermediates(module: Any, method_name: str) -> bool:
@@ -99,7 +101,7 @@ def _takes_an_argument(fn: Callable[..., Any]) -> bool:
   return True
 
 
-def _scope_fn(module: Any, fn: Callable[..., Any], capture: CaptureFilter):
+def _scope_fn(module: Any, fn: Callable[..., Any], capture: _Capture):
 
   @functools.wraps(fn)
   def scope_fn(scope, *args, **kwargs):
@@ -112,7 +114,7 @@ def _scope_fn(module: Any, fn: Callable[..., Any], capture: CaptureFilter):
   return scope_fn
 
 
-def _capture_filter(capture: CaptureFilter, mutable: Filter) -> tuple[CaptureFilter, Filter]:
+def _capture_filter(capture: CaptureFilter, mutable: Filter) -> tuple[_Capture, Filter]:
   if capture is True:
     capture = capture_call_intermediates
   if capture:
@@ -229,6 +231,13 @@ def _argument_name(path: tuple) -> str:
 
 class EntryMixin:
   """Pure-function entry points of `Module`."""
+
+  scope: lift.Scope | None
+  if typing.TYPE_CHECKING:  # Module's
+    @property
+    def variables(self) -> dict[str, Any]: ...
+
+    def clone(self, *, parent: Any = None, **updates: Any) -> Any: ...
 
   def init_with_output(self, rngs: Any, *args, method: Any = None,
                        mutable: Filter = DenyList('intermediates'),

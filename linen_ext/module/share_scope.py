@@ -25,9 +25,9 @@ def share_scope(module: Module, other: Module, /) -> None:
     >>> list(Wrapper().init(jax.random.key(0), jnp.ones((1, 3)))['params'])
     ['kernel', 'bias']
   """
-  for m in (module, other):
-    if m.scope is None:
-      raise errors.UnboundModuleError(type(m).__name__, 'Calling `share_scope`')
+  if module.scope is None or other.scope is None:
+    unbound = module if module.scope is None else other
+    raise errors.UnboundModuleError(type(unbound).__name__, 'Calling `share_scope`')
   if _is_below(other.scope, module.scope):
     _move_scope(other, module.scope)
   else:
@@ -50,6 +50,7 @@ def _move_scope(module: Module, scope: Scope) -> None:
   in Flax, where only its parent pointer changes.
   """
   old = module.scope
+  assert old is not None, 'share_scope moves bound modules'
   object.__setattr__(module, 'scope', scope)
   for child in _children(module).values():
     if child.scope is not None and child.scope.parent is not None \

@@ -1,6 +1,7 @@
 """The variable and rng methods of `Module`: thin checks in front of `lift.Scope`."""
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -48,6 +49,9 @@ class VariablesMixin:
   """`param`, `variable`, `make_rng`, `sow` and friends; the module must be bound."""
 
   scope: Scope | None
+  if typing.TYPE_CHECKING:  # Module's
+    @property
+    def _initialization_allowed(self) -> bool: ...
 
   def _bound_scope(self, what: str) -> Scope:
     if self.scope is None:
@@ -170,8 +174,9 @@ class VariablesMixin:
     return self._bound_scope('Reading `variables`').variables()
 
   def sow(self, col: str, name: str, value: Any,
-          reduce_fn: Callable[[K, Any], K] = tuple_reduce,
-          init_fn: Callable[[], K] = tuple_init) -> bool:
+          # mypy cannot check a default against a TypeVar (python/mypy#3737).
+          reduce_fn: Callable[[K, Any], K] = tuple_reduce,  # type: ignore[assignment]
+          init_fn: Callable[[], K] = tuple_init) -> bool:  # type: ignore[assignment]
     """Stores ``value`` in ``col/name`` when ``col`` is mutable; returns whether it did.
 
     Examples:

@@ -126,8 +126,8 @@ class _LayerStep:
 
   def __call__(self, carry: Any, x: LayerInputs) -> tuple[Any, dict[str, Any]]:
     tape = Tape('scan_layers', x.hashes, self.draws)
-    empty = ({},) * (self.layers - 1)
-    no_rngs = ({},) * len(self.shared)
+    empty: tuple[dict, ...] = ({},) * (self.layers - 1)
+    no_rngs: tuple[dict, ...] = ({},) * len(self.shared)
     with zeroed([self.counters]) as increments:
       scopes, shared_scopes = self.scope_fn(
           ((x.variables,) + empty + self.shared_variables,),
@@ -157,6 +157,7 @@ def _read_only(shared: Sequence[Module]):
   except (lift_errors.ImmutableCollectionError, lift_errors.UnknownRngError) as e:
     where = _names(e.path)
     for module in shared:
+      assert module.scope is not None  # shared modules are bound
       path = module.scope.path
       if where[:len(path)] == path:
         what = (f'draws from rng stream "{e.rng_name}"' if hasattr(e, 'rng_name')
@@ -185,7 +186,7 @@ def _names(path_text: str) -> tuple[str, ...]:
 def _shared_modules(layer: Module) -> tuple[Module, ...]:
   """The bound modules among the layer's fields that live outside it (shared by the layers)."""
   found: dict[int, Module] = {}
-  own = layer.scope.path
+  own = layer._bound_scope('Calling scan_layers').path
 
   def visit(_, sub):
     path = None if sub.scope is None else sub.scope.path
@@ -301,7 +302,7 @@ def scan_layers(layers: Sequence[Module], x: Any, *args, remat: Any = False, **k
     return _unrolled(layers, layer_args, x)
   check_same_variables([layer.variables for layer in layers], 'scan_layers')
   check_same_code(layers, 'scan_layers')
-  counters = [layer.scope.rng_counters for layer in layers]
+  counters = [layer._bound_scope('Calling scan_layers').rng_counters for layer in layers]
   shared = _shared_modules(layers[0])
   core = functools.partial(_loop_groups, layers[0], shared, layer_args, remat, counters)
   return pack(core, (True,), (True,), (True,), name='scan_layers')(

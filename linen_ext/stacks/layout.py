@@ -113,7 +113,8 @@ def check_same_variables(trees: Sequence[Mapping[str, Any]], what: str) -> None:
         raise errors.LayerMismatchError(_VARIABLE_MISMATCH.format(
             what=what, index=index, path=path, seen=_describe(seen.get(path)),
             expected=_describe(expected.get(path))))
-    if jax.tree.structure(tree) != jax.tree.structure(trees[0]):
+    # jaxlib ships no type stubs: mypy cannot resolve PyTreeDef, nor its comparison.
+    if jax.tree.structure(tree) != jax.tree.structure(trees[0]):  # type: ignore[operator]
       raise errors.LayerMismatchError(_STRUCTURE_MISMATCH.format(
           what=what, index=index, expected=jax.tree.structure(trees[0]),
           seen=jax.tree.structure(tree)))
@@ -213,7 +214,7 @@ def per_layer(value: Any) -> PerLayer:
 
 class _Row(NamedTuple):
   """Where the ``index``-th per-layer value goes in a layer's arguments."""
-  index: int
+  index: int  # type: ignore[assignment]  # a field may shadow tuple.index
 
 
 class LayerArgs(NamedTuple):
@@ -314,7 +315,8 @@ def _layer_indices(col: str, tree: Mapping[str, Any], prefix: str) -> list[int]:
   if extra:
     raise errors.LayerStackError(_EXTRA_KEYS.format(
         what='layers_to_stacked', collection=col, keys=extra, prefix=prefix))
-  indices = sorted(int(match.group(1)) for match in matches.values())
+  indices = sorted(int(match.group(1)) for match in matches.values()
+                   if match is not None)  # all are: `extra` is empty
   if indices != list(range(len(indices))):
     raise errors.LayerStackError(_GAPS.format(
         what='layers_to_stacked', collection=col, indices=indices, last=len(indices) - 1))

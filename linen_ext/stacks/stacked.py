@@ -90,7 +90,8 @@ def _step_result(stack: str, mode: str, carry: Any, result: Any) -> tuple[Any, A
         stack=stack, mode=mode, kind=f'a {type(result).__name__}',
         needed='a (carry, out) pair'))
   new_carry, out = result if mode == 'scan' else (result, None)
-  if jax.tree.structure(new_carry) != jax.tree.structure(carry):
+  # jaxlib ships no type stubs: mypy cannot resolve PyTreeDef, nor its comparison.
+  if jax.tree.structure(new_carry) != jax.tree.structure(carry):  # type: ignore[operator]
     raise errors.LayerStackError(_BAD_STEP.format(
         stack=stack, mode=mode, kind=f'a carry {jax.tree.structure(new_carry)}',
         needed=f'the structure of its carry, {jax.tree.structure(carry)}'))
@@ -342,12 +343,15 @@ class BlockSeq(_LayerStack):
 
   @property
   def num_layers(self) -> int:
-    return self.length if is_module_class(self.layers) else len(self.layers)
+    if is_module_class(self.layers):
+      assert self.length is not None  # __post_init__ checked it
+      return self.length
+    return len(self.layers)
 
   def setup(self):
     if is_module_class(self.layers):
       self.blocks = tuple(self.layers(name=layer_name('layers', i), **self.block_kwargs)
-                          for i in range(self.length))
+                          for i in range(self.num_layers))
 
   @property
   def _blocks(self) -> tuple[Module, ...]:

@@ -102,6 +102,7 @@ def _collect_module(module: Module, scopes: list[Scope], seen: set[int]):
   for value in _field_values(module).values():
     map_modules(visit, value)
     scopes.extend(variable.scope for variable in _field_variables(value))
+  assert module.scope is not None, 'only bound modules are collected'
   scopes.append(module.scope)
 
 
@@ -152,6 +153,7 @@ def rebind(module: Module, args: tuple, kwargs: dict, scopes: list[Scope],
 
   >>> clone, args, kwargs = rebind(module, args, kwargs, inner_scopes)
   """
+  memo: dict[int, Module]
   remaining, memo = iter(scopes), {}
 
   def restore(x):
@@ -321,7 +323,9 @@ class ModuleProxy:
   @property
   def module(self) -> Module:
     """The module of the call that made this proxy (alive while that call traces)."""
-    return self.module_ref()
+    module = self.module_ref()
+    assert module is not None, 'read while the call that made the proxy traces'
+    return module
 
   @classmethod
   def of(cls, module: Module, module_cls: type | None) -> 'ModuleProxy':

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 from lift.checkpoint import checkpoint as lift_checkpoint
 from lift.filters import Filter
@@ -89,8 +89,8 @@ def _per_method_options(spec: TransformSpec, methods: Any, options: dict) -> dic
 
 def _transform_class(spec: TransformSpec, target: Any, methods: Any, options: dict):
   partial = target if isinstance(target, functools.partial) else None
-  module_class = partial.func if partial else target
-  namespace = {}
+  module_class = cast(type, partial.func if partial else target)  # a Module class
+  namespace: dict[str, Any] = {}
   for name, method_options in _per_method_options(spec, methods, options).items():
     fn = getattr(module_class, name, None)
     if not callable(fn):
@@ -137,7 +137,7 @@ def apply_spec(spec: TransformSpec, target: Target, options: dict,
     raise errors.TransformTargetError(spec.name, target)
   if is_module_class(target):
     return _cached_class(spec, target, methods, options)
-  return _method(spec, wrap_method(target), options, None)
+  return cast(Target, _method(spec, wrap_method(target), options, None))  # called alike
 
 
 class _BoundTransform(NamedTuple):
@@ -198,7 +198,9 @@ def lift_transform(transform: Callable[..., Any], target: Target, *trafo_args,
   those take Flax's options and validate them when the class is built.
   """
   name = fn_name(transform)
-  spec = TransformSpec(f'lift_transform({name})', _BoundTransform(transform, trafo_args),
+  # mypy does not take a NamedTuple with __call__ for a callable.
+  spec = TransformSpec(f'lift_transform({name})',
+                       _BoundTransform(transform, trafo_args),  # type: ignore[arg-type]
                        class_prefix=_class_prefix(name))
   return apply_spec(spec, target, trafo_kwargs, methods)
 
