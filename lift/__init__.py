@@ -18,7 +18,8 @@ from lift.pack import pack
 from lift.rng import RngStream
 from lift.scope import Scope, Variable
 from lift.remat_scan import remat_scan
-from lift.scan import broadcast, scan
+from lift.axes import broadcast
+from lift.scan import scan
 from lift.vmap import In, Out, vmap
 from lift.shard_map import shard_map
 from lift.autodiff import custom_vjp, jvp, value_and_grad, vjp

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -73,6 +74,36 @@ class VariableAxes(NamedTuple):
   in_axes: tuple[int | None, ...]
   out_filters: tuple[Filter, ...]
   out_axes: tuple[int | None, ...]
+
+
+class _Broadcast:
+  """The `in_axes`/`out_axes` marker of values that every step shares.
+
+  Not for variables: collections every step shares go in ``variable_broadcast``.
+
+  Examples:
+    >>> step = lambda scope, c, x, w: (c + x * w, None)
+    >>> c, _ = lift.apply(lift.scan(step, in_axes=(0, lift.broadcast)))({}, 0.0, jnp.arange(3.0), 2.0)
+    >>> float(c)
+    6.0
+  """
+
+  def __repr__(self):
+    return 'lift.broadcast'
+
+
+broadcast = _Broadcast()
+
+
+def is_unmapped(axis: Any) -> bool:
+  """None, `broadcast` or Flax's own marker: a value every step (item) gets whole."""
+  return axis is None or axis is broadcast or _is_flax_broadcast(axis)
+
+
+def _is_flax_broadcast(axis: Any) -> bool:
+  """Flax's own marker (``flax.linen.broadcast``), recognised without importing Flax's lifting."""
+  flax_scan = sys.modules.get('flax.core.axes_scan')
+  return flax_scan is not None and axis is getattr(flax_scan, 'broadcast', None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,6 +302,6 @@ def split_rng_groups(rng_groups: Sequence[Any], splits: Sequence[bool], count: i
   return tuple(
       jax.tree.map(lambda s: _split_stream(s, count), group, is_leaf=is_stream) if split else group
       for group, split in zip(rng_groups, splits))
-__all__ = ['VariableAxes', 'MappedAxes', 'MappedLeaf', 'check_variable_axes', 'check_split_rngs', 'check_axis_leaves',
+__all__ = ['broadcast', 'is_unmapped', 'VariableAxes', 'MappedAxes', 'MappedLeaf', 'check_variable_axes', 'check_split_rngs', 'check_axis_leaves',
            'check_size', 'leaf_axes', 'path_text', 'mapped_arguments', 'mapped_variables',
            'leaf_axis_size', 'infer_axis_size', 'split_rng_groups']

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
@@ -37,7 +36,7 @@ from lift.metadata import add_group_axes, move_axis, remove_group_axes
 from lift.pack import pack
 from lift.rng import RngCounters
 from lift.scope import Scope
-from lift.axes import (MappedAxes, MappedLeaf, check_axis_leaves, check_size,
+from lift.axes import (MappedAxes, broadcast, is_unmapped, MappedLeaf, check_axis_leaves, check_size,
                        check_split_rngs, check_variable_axes, infer_axis_size,
                        leaf_axes, leaf_axis_size, mapped_arguments,
                        mapped_variables, path_text, split_rng_groups)
@@ -61,35 +60,6 @@ _DEPENDS_ON_LOOP = (
     "inside: split_rngs={{'params': False}}); or give its collection a per-step "
     "rule (variable_carry=['name'] or variable_axes={{'name': 0}}); or give the "
     'output an out axis.')
-
-
-class _Broadcast:
-  """The `in_axes`/`out_axes` marker of values that every step shares.
-
-  Not for variables: collections every step shares go in ``variable_broadcast``.
-
-  Examples:
-    >>> step = lambda scope, c, x, w: (c + x * w, None)
-    >>> c, _ = lift.apply(scan(step, in_axes=(0, broadcast)))({}, 0.0, jnp.arange(3.0), 2.0)
-    >>> float(c)
-    6.0
-  """
-
-  def __repr__(self):
-    return 'lift.broadcast'
-
-
-broadcast = _Broadcast()
-
-
-def _is_unmapped(axis: Any) -> bool:
-  return axis is None or axis is broadcast or _is_flax_broadcast(axis)
-
-
-def _is_flax_broadcast(axis: Any) -> bool:
-  """Flax's own marker (``flax.linen.broadcast``), recognised without importing Flax's lifting."""
-  flax_scan = sys.modules.get('flax.core.axes_scan')
-  return flax_scan is not None and axis is getattr(flax_scan, 'broadcast', None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,11 +142,11 @@ def _merge_roots(consts: Sequence[dict], carried: Sequence[dict]) -> tuple[dict,
 
 def _split_ys(ys: Any, out_axes: Any) -> tuple[Any, Any]:
   """``ys`` as (scanned leaves, broadcast leaves), each with None in the other's places."""
-  axes = leaf_axes('scan', 'out_axes', out_axes, ys, _is_unmapped, 'outputs ys')
+  axes = leaf_axes('scan', 'out_axes', out_axes, ys, is_unmapped, 'outputs ys')
   treedef: PyTreeDef
   leaves, treedef = jax.tree.flatten(ys)
-  scanned = [None if _is_unmapped(a) else x for a, x in zip(axes, leaves)]
-  invariant = [x if _is_unmapped(a) else None for a, x in zip(axes, leaves)]
+  scanned = [None if is_unmapped(a) else x for a, x in zip(axes, leaves)]
+  invariant = [x if is_unmapped(a) else None for a, x in zip(axes, leaves)]
   return treedef.unflatten(scanned), treedef.unflatten(invariant)
 
 
@@ -384,12 +354,12 @@ def _place_ys(scanned: Any, invariant: Any, out_axes: Any) -> Any:
   """Merges the two halves of the outputs; scanned ones move from axis 0 to their out axis."""
   ys = jax.tree.map(lambda s, i: i if s is None else s, scanned, invariant,
                     is_leaf=lambda x: x is None)
-  axes = leaf_axes('scan', 'out_axes', out_axes, ys, _is_unmapped, 'outputs ys')
+  axes = leaf_axes('scan', 'out_axes', out_axes, ys, is_unmapped, 'outputs ys')
   treedef: PyTreeDef
   paths, treedef = jax.tree_util.tree_flatten_with_path(ys)
   placed = []
   for (path, y), axis in zip(paths, axes):
-    if not _is_unmapped(axis):
+    if not is_unmapped(axis):
       label = f'output ys{jax.tree_util.keystr(path)} (stacked)'
       leaf_axis_size('scan', 'out_axes', MappedLeaf(label, np.shape(y), axis))
       y = jnp.moveaxis(y, 0, axis)
@@ -401,8 +371,8 @@ def _scanned_inputs(fn, config: ScanConfig, variable_groups, rng_groups, args):
   """The variables, rngs and arguments that the loop slices, all moved to axis 0, and the length."""
   in_axes = cast(tuple[int, ...], config.variable_axes.in_axes)  # scan's axes are never None
   groups = remove_group_axes(variable_groups, in_axes, config.metadata_params)
-  arg_axes = [None if _is_unmapped(a) else a for a in leaf_axes(
-      'scan', 'in_axes', config.in_axes, args, _is_unmapped, 'scanned arguments')]
+  arg_axes = [None if is_unmapped(a) else a for a in leaf_axes(
+      'scan', 'in_axes', config.in_axes, args, is_unmapped, 'scanned arguments')]
   mapped = mapped_arguments(fn, args, arg_axes, skip=2) + mapped_variables(
       groups, in_axes)
   length = infer_axis_size('scan', 'length', mapped, config.size)
@@ -500,8 +470,8 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
   _, splits = check_split_rngs('scan', split_rngs)
   loops.resolve_remat(remat)
   config = ScanConfig(  # MappedAxes' fields, then the loop's
-      axes, splits, check_axis_leaves('scan', 'in_axes', in_axes, _is_unmapped, 'lift.broadcast'),
-      check_axis_leaves('scan', 'out_axes', out_axes, _is_unmapped, 'lift.broadcast'),
+      axes, splits, check_axis_leaves('scan', 'in_axes', in_axes, is_unmapped, 'lift.broadcast'),
+      check_axis_leaves('scan', 'out_axes', out_axes, is_unmapped, 'lift.broadcast'),
       check_size('scan', 'length', length), dict(metadata_params), reverse, unroll,
       data_transform, remat, _split_transpose, _draw_once if check_constancy_invariants else True)
   return build_scan(fn, variable_broadcast, variable_carry, split_rngs, config)

@@ -31,7 +31,7 @@ from flax.linen import activation, dtypes, fp8_ops, meta, pooling, spmd
 from lift import tracing as _tracing
 from lift.causal import causal_self_attention
 from lift.filters import DenyList
-from lift.scan import broadcast
+from lift.axes import broadcast
 from lift.scope import Scope, Variable
 
 from linen_ext import (attention, errors, linear, module, normalization, partitioning,

@@ -6,7 +6,7 @@ Files: `lifting` (the mechanism: a Module's scopes into a `lift` transform and b
 ``switch``, ``while_loop``, ``vjp``, ... called inside a method with the module), and
 `decoding` (``as_scan`` for a Module).
 """
-from lift.scan import broadcast
+from lift.axes import broadcast
 
 from linen_ext.transforms.decoding import as_scan
 from linen_ext.transforms.method_transforms import (cond, custom_vjp, grad, jvp, switch,
