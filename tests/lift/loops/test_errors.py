@@ -1,4 +1,5 @@
 """One misuse test per `lift.loops` error message: it names the argument and value and says the fix."""
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -19,9 +20,12 @@ def test_unknown_remat_string_lists_valid_values():
   assert isinstance(info.value, LiftError)
 
 
-def test_unknown_remat_fails_in_run_scan_too():
+@pytest.mark.parametrize("call", [
+    lambda: loops.run_scan(add, 0.0, jnp.ones(3), remat=3),
+    lambda: loops.fold(lambda c, x: c + x, remat=3)(0.0, jnp.ones(3))], ids=["run_scan", "fold"])
+def test_unknown_remat_fails_in_run_scan_and_fold_too(call):
   with pytest.raises(RematPolicyError, match="remat=3"):
-    loops.run_scan(add, 0.0, jnp.ones(3), remat=3)
+    call()
 
 
 def test_save_carries_false_is_rejected_with_the_alternatives():
@@ -72,9 +76,12 @@ def test_length_disagreeing_with_xs():
     loops.scan(add, length=4)(jnp.float32(0.0), jnp.ones(3))
 
 
-def test_no_length_and_nothing_to_scan():
-  with pytest.raises(ScanLengthError, match=r"no scanned leaf.*Fix: pass length=N"):
-    loops.run_scan(add, 0.0, None)
+@pytest.mark.parametrize("call, error", [
+    (lambda: loops.run_scan(add, 0.0, None), ScanLengthError),
+    (lambda: loops.scan(add)(0.0, None), ScanAxisError)], ids=["run_scan", "scan"])
+def test_no_length_and_nothing_to_scan(call, error):
+  with pytest.raises(error, match=r"no scanned leaf.*Fix: pass length=N"):
+    call()
 
 
 def test_axis_must_be_an_int():
@@ -131,7 +138,6 @@ def test_malformed_sequence_spec():
 
 
 def test_jax_policy_cannot_be_combined_with_fields_that_choose_a_policy():
-  import jax
   with pytest.raises(RematPolicyError, match='cannot be combined with save_inputs, save_block_internals'):
     ScanCheckpointPolicy(jax_policy=jax.checkpoint_policies.nothing_saveable,
                          save_inputs='offload', save_block_internals=True)
