@@ -481,15 +481,29 @@ def test_every_policy_keeps_values_grads_and_state_of_a_stateful_dropout_block(r
 
 
 @pytest.mark.parametrize('remat', [True, 'nested', 'offload', 'save_all',
-                                   loops.ScanCheckpointPolicy(nested=2)], ids=str)
-def test_policies_keep_hessians_and_vmapped_input_gradients(remat):
+                                   loops.ScanCheckpointPolicy(nested=2),
+                                   loops.ScanCheckpointPolicy(nested=3)], ids=str)
+def test_policies_keep_hessians_vmapped_input_gradients_and_grads_under_nn_vmap_and_nn_remat(remat):
   block = native_block(nn)
   variables = nn.Stacked(block, 3).init(KEY, X)
+
+  class Model(nn.Module):
+    policy: object = False
+
+    @nn.compact
+    def __call__(self, x):
+      return nn.Stacked(block, 3, remat=self.policy, name='s')(x)
+
+  xs = jnp.stack([X, -X])
+  vmapped = nn.vmap(Model, variable_axes={'params': 0}, split_rngs={'params': True}, axis_size=2)
+  ens = vmapped().init(KEY, xs)
 
   def run(policy):
     f = lambda w: jnp.sum(nn.Stacked(block, 3, remat=policy).apply({'params': {'w': w}}, X) ** 2)
     g = lambda x: jnp.sum(nn.Stacked(block, 3, remat=policy).apply(variables, x) ** 2)
-    return jax.hessian(f)(variables['params']['w']), jax.vmap(jax.grad(g))(jnp.stack([X, -X]))
+    h = jax.jit(jax.value_and_grad(lambda p: jnp.sum(
+        nn.remat(vmapped)(policy=policy).apply({'params': p}, xs) ** 2)))(ens['params'])
+    return jax.hessian(f)(variables['params']['w']), jax.vmap(jax.grad(g))(xs), h
 
   assert_trees_close(run(remat), run(False), depth=9)
 
@@ -608,24 +622,6 @@ def test_stacked_model_under_nn_jit_draws_as_flax_without_jit():
   inner = {'params': variables['params']['s']}
   assert_trees_close(nn.Stacked(nn.jit(native(nn)), 3).apply(inner, X, rngs=DROP),
                      flax_scan(native(fnn), 3)().apply(inner, X, rngs=DROP)[0], depth=3)
-
-
-@pytest.mark.parametrize('remat', [True, 'nested', 'save_all',
-                                   loops.ScanCheckpointPolicy(nested=3)], ids=str)
-def test_remat_inside_nn_vmap_and_nn_remat_keeps_values_and_grads(remat):
-  class Model(nn.Module):
-    policy: object = False
-
-    @nn.compact
-    def __call__(self, x):
-      return nn.Stacked(native_block(nn), 3, remat=self.policy, name='s')(x)
-
-  xs = jnp.stack([X, -X])
-  vmapped = nn.vmap(Model, variable_axes={'params': 0}, split_rngs={'params': True}, axis_size=2)
-  variables = vmapped().init(KEY, xs)
-  run = lambda policy: jax.jit(jax.value_and_grad(lambda p: jnp.sum(
-      nn.remat(vmapped)(policy=policy).apply({'params': p}, xs) ** 2)))(variables['params'])
-  assert_trees_close(run(remat), run(False), depth=6)
 
 
 # -- per_layer ----------------------------------------------------------------------------
@@ -857,13 +853,10 @@ def test_layouts_round_trip_logical_boxes_and_carry_flax_loop_variables_to_stack
                      FlaxLoop().apply(loop_vars, X, mutable=['batch_stats']), depth=3)
 
 
-def test_layout_conversion_round_trips_and_names_layers():
-  layers = nn.stacked_to_layers(stacked_variables(), prefix='blocks')
-  assert sorted(layers['params']) == [f'blocks_{i}' for i in range(N)]
-  assert_trees_equal(nn.layers_to_stacked(layers, prefix='blocks'), stacked_variables())
-
-
-def test_layers_to_stacked_errors_name_what_is_wrong():
+def test_layout_conversion_round_trips_names_layers_and_errors_name_what_is_wrong():
+  renamed = nn.stacked_to_layers(stacked_variables(), prefix='blocks')
+  assert sorted(renamed['params']) == [f'blocks_{i}' for i in range(N)]
+  assert_trees_equal(nn.layers_to_stacked(renamed, prefix='blocks'), stacked_variables())
   layers = nn.stacked_to_layers(stacked_variables())['params']
   bad = dict(layers, layers_2={**layers['layers_2'], 'gate': jnp.zeros(5)})
   with pytest.raises(errors.LayerMismatchError,
