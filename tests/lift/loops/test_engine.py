@@ -1,4 +1,5 @@
 """The loop engine: every checkpoint policy computes lax.scan's values and gradients; what each keeps."""
+import dataclasses
 import functools
 import math
 import warnings
@@ -7,19 +8,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
+import lift
 from lift import loops
 from lift.loops import ScanCheckpointPolicy, policies
+
+from tests.helpers import assert_trees_close
 
 POLICIES = [
     True, "full", "nested", "save_all", "offload",
     ScanCheckpointPolicy(nested=5),
     ScanCheckpointPolicy(nested=1),
     ScanCheckpointPolicy(save_block_internals=["h"]),
+    ScanCheckpointPolicy(offload_block_internals=["h"]),
     ScanCheckpointPolicy(save_carries="offload", nested=True),
+    ScanCheckpointPolicy(save_inputs="offload"),
     ScanCheckpointPolicy(offload_block_internals=["h"], save_carries="offload"),
     ScanCheckpointPolicy(save_block_internals=True, offload_block_internals=["h"]),
     ScanCheckpointPolicy(prevent_cse=True),
+    ScanCheckpointPolicy(jax_policy=jax.checkpoint_policies.dots_saveable),
 ]
 
 CARRY, FEATURES = 5, 4
@@ -48,8 +56,8 @@ def python_scan(f, init, xs, reverse=False):
   return carry, jnp.stack(ys)
 
 
-def loss(init, xs, remat, reverse=False, unroll=1):
-  carry, ys = loops.run_scan(body, init, xs, remat=remat, reverse=reverse, unroll=unroll)
+def loss(init, xs, remat, reverse=False, unroll=1, scan=loops.run_scan):
+  carry, ys = scan(body, init, xs, remat=remat, reverse=reverse, unroll=unroll)
   return jnp.sum(carry ** 2) + jnp.sum(jnp.tanh(ys))
 
 
@@ -65,9 +73,8 @@ def residual_shapes(f, *args):
   return [leaf.shape for leaf in jax.tree.leaves(vjp)]
 
 
-def carry_rows(shapes, steps):
-  """Rows of saved carries: residuals shaped (..., CARRY) that are not (steps, CARRY) ys."""
-  return sum(math.prod(shape[:-1]) for shape in shapes if shape[-1:] == (CARRY,))
+def final(remat):
+  return lambda i, x: jnp.sum(loops.run_scan(body, i, x, remat=remat)[0])
 
 
 @pytest.fixture(autouse=True)
@@ -85,18 +92,16 @@ def no_remat_value_and_grad(reverse):
 @pytest.mark.parametrize("remat", POLICIES, ids=policy_id)
 @pytest.mark.parametrize("reverse", [False, True])
 def test_every_policy_matches_no_remat(remat, reverse):
-  want = no_remat_value_and_grad(reverse)
   got = jax.value_and_grad(loss, (0, 1))(*inputs(13), remat, reverse, 2)
-  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert_trees_close(got, no_remat_value_and_grad(reverse), depth=13)
 
 
 @pytest.mark.parametrize("remat", [False, True, "nested"])
 def test_run_scan_is_lax_scan_is_python_loop(remat):
   init, xs = inputs(7)
   got = loops.run_scan(body, init, xs, remat=remat, reverse=True)
-  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(python_scan(body, init, xs, True))):
-    np.testing.assert_allclose(a, b, rtol=1e-6)
+  assert_trees_close(got, python_scan(body, init, xs, True), depth=7)
+  assert_trees_close(got, lax.scan(body, init, xs, reverse=True), depth=7)
 
 
 @pytest.mark.parametrize("remat", [False, True, ScanCheckpointPolicy(nested=2)])
@@ -118,12 +123,11 @@ def test_fold_jit_and_grad_under_nested():
   fold = loops.fold(lambda c, x: body(c, x)[0], remat="nested")
   f = jax.jit(jax.grad(lambda i: jnp.sum(fold(i, xs))))
   want = jax.grad(lambda i: jnp.sum(python_scan(body, i, xs)[0]))(init)
-  np.testing.assert_allclose(f(init), want, rtol=1e-5)
+  assert_trees_close(f(init), want, depth=12)
 
 
 def test_full_remat_keeps_only_carries_and_inputs():
   init, xs = inputs(12)
-  final = lambda remat: lambda i, x: jnp.sum(loops.run_scan(body, i, x, remat=remat)[0])
   assert sorted(residual_shapes(final(True), init, xs)) == [(12, FEATURES), (12, CARRY)]
   assert len(residual_shapes(final(False), init, xs)) > 2
   assert len(residual_shapes(final("save_all"), init, xs)) == len(
@@ -132,7 +136,6 @@ def test_full_remat_keeps_only_carries_and_inputs():
 
 def test_saved_internals_are_kept_by_name():
   init, xs = inputs(12)
-  final = lambda remat: lambda i, x: jnp.sum(loops.run_scan(body, i, x, remat=remat)[0])
   shapes = residual_shapes(final(ScanCheckpointPolicy(save_block_internals=["h"])), init, xs)
   assert sorted(shapes) == [(12, FEATURES), (12, CARRY), (12, CARRY)]
   unknown = ScanCheckpointPolicy(save_block_internals=["not_a_name"])
@@ -141,8 +144,7 @@ def test_saved_internals_are_kept_by_name():
 
 def test_nested_keeps_outer_carries_only():
   init, xs = inputs(12)
-  final = lambda i, x: jnp.sum(loops.run_scan(body, i, x, remat="nested")[0])
-  shapes = residual_shapes(final, init, xs)
+  shapes = residual_shapes(final("nested"), init, xs)
   # Entries of blocks 1.. in a buffer sized for the backward pass, and init itself.
   saved = loops.plan_blocks(12, True).saved_carries
   assert sorted(shapes) == sorted([(CARRY,), (saved, CARRY), (12, FEATURES)])
@@ -154,8 +156,8 @@ def test_nested_keeps_outer_carries_only():
                          ids=["13-auto", "13-5blocks", "64-auto", "61-auto"])
 def test_nested_saves_fewer_carries_for_any_length(steps, remat):
   init, xs = inputs(steps)
-  final = lambda i, x: jnp.sum(loops.run_scan(body, i, x, remat=remat)[0])
-  rows = carry_rows(residual_shapes(final, init, xs), steps)
+  shapes = residual_shapes(final(remat), init, xs)
+  rows = sum(math.prod(shape[:-1]) for shape in shapes if shape[-1:] == (CARRY,))
   assert rows <= math.isqrt(2 * steps) + 2 if remat == "nested" else rows < steps
 
 
@@ -181,21 +183,23 @@ def test_plan_blocks_covers_every_step_with_sqrt_2n_carries():
   assert loops.plan_blocks(13, 1) == loops.BlockPlan((13,))
 
 
-@pytest.mark.parametrize("steps", [1, 2, 3, 6, 11, 22])
-def test_nested_gradients_for_every_block_count(steps):
+@pytest.mark.parametrize("steps", [1, 2, 3, 6, 11, 13, 22])
+def test_nested_is_lax_scan_of_jax_checkpoint_for_every_block_count(steps):
   init, xs = inputs(steps)
-  grad = jax.jit(jax.grad(loss, (0, 1)), static_argnums=(2, 3))
+  checkpointed = lambda f, c, x, remat, reverse, unroll: lax.scan(jax.checkpoint(f), c, x,
+                                                                    reverse=reverse)
+  grad = jax.jit(jax.value_and_grad(loss, (0, 1)), static_argnums=(2, 3, 4, 5))
   for reverse in (False, True):
-    want = grad(init, xs, False, reverse)
-    for blocks in sorted({1, 2, 3, steps // 2 + 1, steps} & set(range(1, steps + 1))):
-      got = grad(init, xs, ScanCheckpointPolicy(nested=blocks), reverse)
-      for a, b in zip(got, want):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"{blocks} {reverse}")
+    want = grad(init, xs, False, reverse, 1, checkpointed)
+    for blocks in [True] + sorted({1, 2, 3, steps // 2 + 1, steps} & set(range(1, steps + 1))):
+      policy = ScanCheckpointPolicy(nested=blocks)
+      assert_trees_close(loops.run_scan(body, init, xs, remat=policy, reverse=reverse, unroll=2),
+                         lax.scan(jax.checkpoint(body), init, xs, reverse=reverse), depth=steps)
+      assert_trees_close(grad(init, xs, policy, reverse, 2, loops.run_scan), want, depth=steps)
 
 
 def test_offload_falls_back_to_device_on_cpu():
   init, xs = inputs(12)
-  final = lambda remat: lambda i, x: jnp.sum(loops.run_scan(body, i, x, remat=remat)[0])
   with pytest.warns(loops.OffloadFallbackWarning, match="kept on device"):
     shapes = residual_shapes(final("offload"), init, xs)
   assert sorted(shapes) == sorted(residual_shapes(final(True), init, xs))
@@ -205,19 +209,18 @@ def test_offload_policy_places_roots_in_host_memory(monkeypatch):
   # The path taken on GPU/TPU; JAX traces it on CPU too, with host-labelled residuals.
   monkeypatch.setattr(policies, "offload_supported", lambda: True)
   init, xs = inputs(12)
-  remat = ScanCheckpointPolicy(save_carries="offload", nested=True)
-  final = lambda i, x: jnp.sum(loops.run_scan(body, i, x, remat=remat)[0])
-  _, vjp = jax.vjp(final, init, xs)
+  f = final(ScanCheckpointPolicy(save_carries="offload", nested=True))
+  _, vjp = jax.vjp(f, init, xs)
   kinds = {leaf.shape: leaf.sharding.memory_kind for leaf in jax.tree.leaves(vjp)}
   assert kinds[(loops.plan_blocks(12, True).blocks - 1, CARRY)] == "pinned_host"
   with warnings.catch_warnings():
     warnings.simplefilter("error")
-    got = jax.grad(final)(init, xs)
+    got = jax.grad(f)(init, xs)
   want = jax.grad(lambda i: jnp.sum(python_scan(body, i, xs)[0]))(init)
-  np.testing.assert_allclose(got, want, rtol=1e-5)
+  assert_trees_close(got, want, depth=12)
 
 
-def test_resolve_remat_aliases():
+def test_resolve_remat_aliases_and_policy_fields():
   assert loops.resolve_remat(False) is None
   assert loops.resolve_remat(True) == loops.resolve_remat("full") == ScanCheckpointPolicy()
   assert loops.resolve_remat("nested").nested is True
@@ -225,19 +228,23 @@ def test_resolve_remat_aliases():
   assert loops.resolve_remat("save_all").save_block_internals is True
   policy = ScanCheckpointPolicy(nested=3)
   assert loops.resolve_remat(policy) is policy
+  fields = {f.name: f.default for f in dataclasses.fields(ScanCheckpointPolicy)}
+  assert list(fields)[:6] == ['save_carries', 'save_inputs', 'save_block_internals',
+                              'offload_block_internals', 'nested', 'prevent_cse']
+  assert fields['save_carries'] is True and fields['save_inputs'] is True
+  assert fields['save_block_internals'] is False and tuple(fields['offload_block_internals']) == ()
+  assert fields['nested'] is False and fields['prevent_cse'] is False
 
 
 def test_checkpoint_name_tags_array_leaves_only():
-  tree = {"a": jnp.ones(2), "n": 3, "s": "static"}
+  tree = {"a": jnp.ones(2), "n": 3, "s": "static", "t": (jnp.zeros(1),)}
   named = jax.make_jaxpr(lambda a: loops.checkpoint_name(dict(tree, a=a), "z")["a"])(tree["a"])
-  assert str(named).count("name=z") == 1
-  assert loops.checkpoint_name(tree, "z")["s"] == "static"
+  assert str(named).count("name=z") == 2  # 'a' and 't', not the int 'n'
+  tagged = loops.checkpoint_name(tree, "z")
+  assert tagged["s"] == "static" and jax.tree.structure(tagged) == jax.tree.structure(tree)
 
 
-NESTED = [ScanCheckpointPolicy(nested=3), "nested"]
-
-
-@pytest.mark.parametrize("remat", NESTED, ids=policy_id)
+@pytest.mark.parametrize("remat", [ScanCheckpointPolicy(nested=3), "nested"], ids=policy_id)
 def test_nested_with_integer_leaves_and_closed_over_parameters(remat):
   scale = jnp.float32(1.5)
 
@@ -254,39 +261,32 @@ def test_nested_with_integer_leaves_and_closed_over_parameters(remat):
     return jnp.sum(h) + jnp.sum(ys["h"] ** 2) + count.astype(jnp.float32)
 
   args = (jnp.ones(3), jnp.linspace(-1.0, 1.0, 30).reshape(10, 3), jnp.float32(0.7))
-  got = jax.grad(loss, (0, 1, 2))(*args, remat)
-  want = jax.grad(loss, (0, 1, 2))(*args, False)
-  for a, b in zip(got, want):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert_trees_close(jax.grad(loss, (0, 1, 2))(*args, remat),
+                     jax.grad(loss, (0, 1, 2))(*args, False), depth=10)
 
 
 def test_nested_second_order_vmap_and_python_float_init():
   xs = jnp.linspace(0.1, 1.0, 7)
   f = lambda c0, remat: jnp.sum(loops.run_scan(
       lambda c, x: (jnp.sin(c * x), c), c0, xs, remat=remat)[1])
-  np.testing.assert_allclose(jax.grad(jax.grad(f))(0.3, "nested"),
-                             jax.grad(jax.grad(f))(0.3, False), rtol=1e-5)
+  assert_trees_close(jax.grad(jax.grad(f))(0.3, "nested"), jax.grad(jax.grad(f))(0.3, False), 7)
   batched = jax.vmap(jax.grad(f), in_axes=(0, None))
-  np.testing.assert_allclose(batched(jnp.linspace(0.0, 1.0, 4), "nested"),
-                             batched(jnp.linspace(0.0, 1.0, 4), False), rtol=1e-5)
+  assert_trees_close(batched(jnp.linspace(0.0, 1.0, 4), "nested"),
+                     batched(jnp.linspace(0.0, 1.0, 4), False), depth=7)
 
 
 def test_jax_policy_is_used_for_each_step():
   init, xs = inputs(6)
-  final = lambda i, x, remat: jnp.sum(loops.run_scan(body, i, x, remat=remat)[0])
-  everything = loops.ScanCheckpointPolicy(jax_policy=jax.checkpoint_policies.everything_saveable)
-  nothing = loops.ScanCheckpointPolicy(jax_policy=jax.checkpoint_policies.nothing_saveable)
-  assert residual_shapes(lambda i, x: final(i, x, everything), init, xs) == \
-      residual_shapes(lambda i, x: final(i, x, 'save_all'), init, xs)
-  assert residual_shapes(lambda i, x: final(i, x, nothing), init, xs) == \
-      residual_shapes(lambda i, x: final(i, x, 'full'), init, xs)
-  np.testing.assert_allclose(jax.grad(final)(init, xs, everything), jax.grad(final)(init, xs, False),
-                             rtol=1e-6)
+  everything = ScanCheckpointPolicy(jax_policy=jax.checkpoint_policies.everything_saveable)
+  nothing = ScanCheckpointPolicy(jax_policy=jax.checkpoint_policies.nothing_saveable)
+  kept = lambda remat: residual_shapes(final(remat), init, xs)
+  assert kept(everything) == kept('save_all')
+  assert kept(nothing) == kept('full')
+  assert_trees_close(jax.grad(final(everything))(init, xs), jax.grad(final(False))(init, xs), 6)
   # A jax.checkpoint_policies policy is also taken as it is, as ScanCheckpointPolicy(jax_policy=).
   assert loops.resolve_remat(jax.checkpoint_policies.dots_saveable) == \
-      loops.ScanCheckpointPolicy(jax_policy=jax.checkpoint_policies.dots_saveable)
-  assert residual_shapes(lambda i, x: final(i, x, jax.checkpoint_policies.nothing_saveable),
-                         init, xs) == residual_shapes(lambda i, x: final(i, x, nothing), init, xs)
+      ScanCheckpointPolicy(jax_policy=jax.checkpoint_policies.dots_saveable)
+  assert kept(jax.checkpoint_policies.nothing_saveable) == kept(nothing)
 
 
 def test_nested_remat_body_reading_integer_and_bool_jit_arguments():
@@ -301,4 +301,21 @@ def test_nested_remat_body_reading_integer_and_bool_jit_arguments():
   args = (jnp.ones(2), jnp.int32(2), jnp.array([True, False]))
   expected = jax.grad(jax.jit(functools.partial(loss, remat=False)))(*args)
   got = jax.grad(jax.jit(functools.partial(loss, remat='nested')))(*args)
-  np.testing.assert_allclose(got, expected, rtol=1e-5)
+  assert_trees_close(got, expected, depth=7)
+
+
+@pytest.mark.parametrize('remat', [True, 'nested', 'save_all', ScanCheckpointPolicy(nested=2)],
+                         ids=policy_id)
+def test_lift_scan_remat_keeps_values_and_grads(remat):
+  def step(scope, c, x):
+    w = scope.param('w', jax.nn.initializers.normal(), (3, 3))
+    return jnp.tanh(c @ w + x), c.sum()
+
+  def model(r):
+    return lambda s, c, xs: lift.scan(step, variable_broadcast='params',
+                                      split_rngs={'params': False}, remat=r)(s, c, xs)
+  c0, xs = jnp.ones(3), jnp.linspace(-1.0, 1.0, 15).reshape(5, 3)
+  params = lift.init(model(False))(jax.random.key(0), c0, xs)[1]['params']
+  run = lambda r: jax.value_and_grad(lambda p: jnp.sum(jnp.sin(jnp.concatenate(
+      [x.ravel() for x in jax.tree.leaves(lift.apply(model(r))({'params': p}, c0, xs)[0])]))))(params)
+  assert_trees_close(run(remat), run(False), depth=5)

@@ -1,8 +1,8 @@
 """scan_layers: a list of equal submodules as one loop.
 
 Oracle: the same module running the Python loop over the same layers
-(``for layer in self.layers: x = layer(x)``): init values, outputs, gradients,
-rng draws, mutable collections and rng counters afterwards must be equal.
+(``for layer in self.layers: x = layer(x)``), ours or Flax's: init values, outputs,
+gradients, rng draws, mutable collections and rng counters afterwards must be equal.
 """
 import flax.linen as flax_nn
 import jax
@@ -15,10 +15,13 @@ from lift import loops
 from lift.errors import RematPolicyError
 from linen_ext import errors
 
+from tests.helpers import assert_trees_close, assert_trees_equal
+
 KEY = jax.random.key(0)
 N = 4
 X = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
 RNGS = {'params': KEY, 'dropout': jax.random.key(1)}
+DROP = {'dropout': jax.random.key(3)}
 
 
 class Block(nn.Module):
@@ -60,12 +63,6 @@ class Model(nn.Module):
     return y + sum(layer(x, train=True) for layer in self.layers)
 
 
-def assert_close(a, b, tol=1e-5):
-  assert jax.tree.structure(a) == jax.tree.structure(b)
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
-
-
 def both(fn):
   return fn(Model(use_scan=True)), fn(Model(use_scan=False))
 
@@ -73,7 +70,7 @@ def both(fn):
 def test_init_equals_the_python_loop():
   ours, loop = both(lambda m: m.init(RNGS, X))
   assert sorted(ours['params']) == [f'layers_{i}' for i in range(N)]
-  assert_close(ours, loop, tol=0)
+  assert_trees_equal(ours, loop)
 
 
 def test_outputs_grads_rngs_and_state_equal_the_python_loop():
@@ -89,9 +86,9 @@ def test_outputs_grads_rngs_and_state_equal_the_python_loop():
     return jax.jit(jax.grad(loss, has_aux=True))(variables['params'])
 
   (g_scan, (y_scan, s_scan)), (g_loop, (y_loop, s_loop)) = both(run)
-  assert_close(y_scan, y_loop)
-  assert_close(g_scan, g_loop)
-  assert_close(s_scan, s_loop, tol=0)
+  assert_trees_close((y_scan, g_scan), (y_loop, g_loop), depth=2 * N)
+  assert_trees_equal(s_scan['counter'], s_loop['counter'])
+  assert_trees_close(s_scan['intermediates'], s_loop['intermediates'], depth=N)
   assert s_scan['counter']['layers_3']['calls'] == 1
   assert not np.allclose(y_scan, Model().apply(variables, X, scales))  # dropout was on
 
@@ -100,16 +97,7 @@ def test_rng_counters_continue_as_in_the_loop():
   variables = Model(use_scan=False).init(RNGS, X)
   ours, loop = both(lambda m: m.apply(variables, X, method='again',
                                       rngs={'dropout': jax.random.key(2)}))
-  assert_close(ours, loop)
-
-
-@pytest.mark.parametrize('remat', [True, 'nested', 'save_all', loops.ScanCheckpointPolicy(nested=2)],
-                         ids=str)
-def test_remat_policies_keep_values_and_grads(remat):
-  variables = Model(use_scan=False).init(RNGS, X)
-  grad = lambda m: jax.jit(jax.value_and_grad(
-      lambda p: jnp.sum(m.apply({**variables, 'params': p}, X) ** 2)))(variables['params'])
-  assert_close(grad(Model(remat=remat)), grad(Model(use_scan=False)))
+  assert_trees_close(ours, loop, depth=N)
 
 
 def test_forward_mode_hessian_and_vmap_equal_the_python_loop():
@@ -126,21 +114,11 @@ def test_forward_mode_hessian_and_vmap_equal_the_python_loop():
     return jvp, hvp, batched, per_params
 
   ours, loop = both(run)
-  assert_close(ours, loop, tol=1e-4)
+  assert_trees_close(ours, loop, depth=4 * N)
 
 
-def test_gradient_reaches_each_layer_through_one_unstack():
+def test_jaxpr_has_one_scan_with_the_block_once_and_gradients_leave_by_one_unstack():
   """Per-layer gradients come from one `unstack_rows` for all variables, not one slice per layer."""
-  variables = Model(use_scan=False).init(RNGS, X)
-  grad = jax.grad(lambda p: jnp.sum(Model().apply({**variables, 'params': p}, X) ** 2))
-  eqns = jax.make_jaxpr(grad)(variables['params']).jaxpr.eqns
-  names = [e.primitive.name for e in eqns]
-  assert names.count('stack_rows') == 1  # kernel and bias (the integer counter: jnp.stack)
-  assert names.count('unstack_rows') == 1  # the gradients of kernel and bias
-  assert 'slice' not in names
-
-
-def test_jaxpr_has_one_scan_with_the_block_once():
   variables = Model(use_scan=False).init(RNGS, X)
   jaxpr = jax.make_jaxpr(lambda v: Model().apply(v, X))(variables).jaxpr
   scans = [e for e in jaxpr.eqns if e.primitive.name == 'scan']
@@ -148,6 +126,11 @@ def test_jaxpr_has_one_scan_with_the_block_once():
   names = [e.primitive.name for e in scans[0].params['jaxpr'].jaxpr.eqns]
   assert names.count('dot_general') == 1 and names.count('tanh') == 1
   assert 'dot_general' not in [e.primitive.name for e in jaxpr.eqns]
+  grad = jax.grad(lambda p: jnp.sum(Model().apply({**variables, 'params': p}, X) ** 2))
+  names = [e.primitive.name for e in jax.make_jaxpr(grad)(variables['params']).jaxpr.eqns]
+  assert names.count('stack_rows') == 1  # kernel and bias (the integer counter: jnp.stack)
+  assert names.count('unstack_rows') == 1  # the gradients of kernel and bias
+  assert 'slice' not in names
 
 
 def test_works_under_jit_and_with_layers_made_in_a_compact_method():
@@ -165,7 +148,7 @@ def test_works_under_jit_and_with_layers_made_in_a_compact_method():
 
   variables = CompactLoop().init(KEY, X)
   assert sorted(variables['params']) == ['Block_0', 'Block_1', 'Block_2']
-  assert_close(jax.jit(Compact().apply)(variables, X), CompactLoop().apply(variables, X))
+  assert_trees_close(jax.jit(Compact().apply)(variables, X), CompactLoop().apply(variables, X), 3)
 
 
 # -- errors -----------------------------------------------------------------------------
@@ -242,31 +225,24 @@ def test_misuse_is_refused():
     Shared().init(KEY, X)
   with pytest.raises(errors.LayerStackError, match='not a bound Module'):
     nn.scan_layers([Block()], X)
-  with pytest.raises(RematPolicyError, match="remat='sometimes'"):
-    Model(remat='sometimes').init(KEY, X)
   with pytest.raises(RematPolicyError, match='nested=5 outer blocks for a loop of 4 steps'):
     Model(remat=loops.ScanCheckpointPolicy(nested=5)).init(KEY, X)
   with pytest.raises(errors.LayerStackError, match='has 4 layers'):
     Model().init(RNGS, X, jnp.ones(3))
 
 
-@pytest.mark.parametrize('stddevs, same', [((0.02, 0.02, 0.02), True), ((0.02, 0.03, 0.02), False)])
-def test_fresh_initializer_closures_compare_by_what_they_compute(stddevs, same):
-  """`normal(0.02)` is a new closure per layer: equal code and closed-over values are the same."""
+def test_initializer_closures_computing_other_values_are_refused():
+  """`normal(0.02)` is a new closure per layer: equal code and values are accepted (see
+  test_layer_lists_are_the_flax_loop), another closed-over value is not."""
   class Model(nn.Module):
     def setup(self):
-      self.layers = [nn.Dense(4, kernel_init=nn.initializers.normal(s)) for s in stddevs]
+      self.layers = [nn.Dense(4, kernel_init=nn.initializers.normal(s)) for s in (0.02, 0.03)]
 
     def __call__(self, x):
       return nn.scan_layers(self.layers, x)
 
-  if same:
-    variables = Model().init(KEY, X)
-    assert variables['params']['layers_1']['kernel'].shape == (4, 4)
-    Model().apply(variables, X)
-  else:
-    with pytest.raises(errors.LayerMismatchError, match="layer 1.*kernel_init"):
-      Model().init(KEY, X)
+  with pytest.raises(errors.LayerMismatchError, match="layer 1.*kernel_init"):
+    Model().init(KEY, X)
 
 
 def test_a_layer_that_changes_the_carry_type_is_a_clear_error():
@@ -338,10 +314,7 @@ def test_a_shared_module_is_read_by_every_step_and_gets_every_layers_gradient():
   assert jax.tree.map(jnp.shape, scanned.init(KEY, X)) == jax.tree.map(jnp.shape, variables)
   loss = lambda model: lambda p: jnp.sum(model.apply({'params': p}, X) ** 2)
   value, grads = jax.value_and_grad(loss(scanned))(variables['params'])
-  expected_value, expected = jax.value_and_grad(loss(loop))(variables['params'])
-  np.testing.assert_allclose(value, expected_value, rtol=1e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
-               grads, expected)
+  assert_trees_close((value, grads), jax.value_and_grad(loss(loop))(variables['params']), 2 * N)
   assert np.any(np.asarray(grads['shared']['proj']['kernel']) != 0)
   jaxpr = jax.make_jaxpr(lambda p: scanned.apply({'params': p}, X))(variables['params'])
   assert sum(e.primitive.name == 'scan' for e in jaxpr.jaxpr.eqns) == 1
@@ -391,5 +364,179 @@ def test_a_wrapped_flax_layer_drawing_inside_the_loop_is_a_clear_error(jit):
   with pytest.raises(errors.LayerStackError, match=r'flax layer at .*layers_0/Dropout_0.*nn.Dropout'):
     wrap(Net)(False).apply(variables, X, rngs={'dropout': KEY})
   # Without draws the wrapped layer runs in the loop as it does in the Python loop.
-  assert_close(wrap(Net)(True).apply(variables, X, rngs={'dropout': KEY}),
-               Net(True, scanned=False).apply(variables, X))
+  assert_trees_close(wrap(Net)(True).apply(variables, X, rngs={'dropout': KEY}),
+                     Net(True, scanned=False).apply(variables, X), depth=3)
+
+
+# -- against a flax Python loop -------------------------------------------------------------
+
+
+def _layer_models(remat=False):
+  def block(m):
+    class Layer(m.Module):
+      def setup(self):
+        self.d = m.Dense(4)
+        self.bn = m.BatchNorm(momentum=0.7)
+        self.drop = m.Dropout(0.3)
+
+      def __call__(self, carry, *, gain, train=True):
+        x, aux = carry
+        h = self.bn(self.d(x) * gain, use_running_average=not train)
+        h = self.drop(h, deterministic=not train)
+        self.sow('intermediates', 'h', h)
+        return x + jnp.tanh(h), aux + jnp.sum(h)
+    return Layer
+
+  ours_layer, flax_layer = block(nn), block(flax_nn)
+
+  class Ours(nn.Module):
+    def setup(self):
+      self.layers = [ours_layer() for _ in range(3)]
+
+    def __call__(self, x, gains, train=True):
+      return nn.scan_layers(self.layers, (x, jnp.zeros(())), gain=nn.per_layer(gains),
+                            train=train, remat=remat)
+
+  class Theirs(flax_nn.Module):
+    def setup(self):
+      self.layers = [flax_layer() for _ in range(3)]
+
+    def __call__(self, x, gains, train=True):
+      carry = (x, jnp.zeros(()))
+      for i, layer in enumerate(self.layers):
+        carry = layer(carry, gain=gains[i], train=train)
+      return carry
+
+  return Ours, Theirs
+
+
+GAINS = jnp.array([1.0, 0.5, -1.0])
+
+
+@pytest.mark.parametrize('remat', [False, True, 'nested', 'save_all',
+                                   loops.ScanCheckpointPolicy(nested=3)], ids=str)
+def test_scan_layers_is_the_flax_python_loop(remat):
+  ours, theirs = _layer_models(remat)
+  variables = theirs().init(RNGS, X, GAINS)
+  assert_trees_equal(ours().init(RNGS, X, GAINS), variables)
+  for train in (True, False):
+    def run(model):
+      def loss(p):
+        (y, aux), state = model().apply({**variables, 'params': p}, X, GAINS, train=train,
+                                        rngs=DROP, mutable=['batch_stats', 'intermediates'])
+        return jnp.sum(y ** 2) + aux, (y, state)
+      return jax.jit(jax.grad(loss, has_aux=True))(variables['params'])
+    assert_trees_close(run(ours), run(theirs), depth=9)
+
+
+def test_scan_layers_under_nn_vmap_nn_remat_and_nn_jit_is_the_flax_loop():
+  ours, theirs = _layer_models()
+  axes = dict(variable_axes={'params': 0, 'batch_stats': 0},
+              split_rngs={'params': True, 'dropout': True}, in_axes=(0, None), axis_size=2)
+  xs = jnp.stack([X, -X])
+  variables = flax_nn.vmap(theirs, **axes)().init(RNGS, xs, GAINS)
+  assert_trees_equal(nn.vmap(ours, **axes)().init(RNGS, xs, GAINS), variables)
+  run = lambda model, v, x: model.apply(v, x, GAINS, rngs=DROP, mutable=['batch_stats'])
+  assert_trees_close(run(nn.vmap(ours, **axes)(), variables, xs),
+                     run(flax_nn.vmap(theirs, **axes)(), variables, xs), depth=3)
+  single = theirs().init(RNGS, X, GAINS)
+  assert_trees_close(run(nn.remat(ours)(), single, X), run(theirs(), single, X), depth=3)
+  assert_trees_close(nn.jit(ours, static_argnums=(3,))().apply(single, X, GAINS, False),
+                     theirs().apply(single, X, GAINS, False), depth=3)
+
+
+def _dense_and_norms(n):
+  def make(m, module):
+    module.layers = [m.Dense(4, use_bias=False) for _ in range(n)]
+    module.norms = [m.LayerNorm() for _ in range(n)]
+  return make
+
+
+def _equal_closures(m, module):  # found by the audit (fixed in c5a77a3): was 'other code'
+  module.layers = [m.Dense(4, kernel_init=m.initializers.normal(0.02)) for _ in range(3)]
+
+
+def _shared_from_the_parent(m, module):
+  class Layer(m.Module):
+    shared: m.Module
+
+    @m.compact
+    def __call__(self, x):
+      return x + jnp.tanh(self.shared(m.Dense(4)(x)))
+
+  module.shared = m.Dense(4)
+  module.layers = [Layer(module.shared) for _ in range(3)]
+
+
+@pytest.mark.parametrize('make_layers', [_dense_and_norms(1), _dense_and_norms(2),
+                                         _dense_and_norms(13), _equal_closures,
+                                         _shared_from_the_parent],
+                         ids=['ready-made-1', 'ready-made-2', 'ready-made-13', 'equal-closures',
+                              'shared-module'])
+def test_layer_lists_are_the_flax_loop(make_layers):
+  def model(m, scanned):
+    class Model(m.Module):
+      def setup(self):
+        make_layers(m, self)
+
+      def __call__(self, x):
+        for group in (self.layers, getattr(self, 'norms', [])):
+          if scanned:
+            x = nn.scan_layers(group, x)
+          else:
+            for layer in group:
+              x = layer(x)
+        return x
+    return Model()
+
+  variables = model(flax_nn, False).init(KEY, X)
+  assert_trees_equal(model(nn, True).init(KEY, X), variables)
+  grad = lambda m: jax.value_and_grad(lambda p: jnp.sum(
+      m.apply({'params': p}, X) ** 2))(variables['params'])
+  assert_trees_close(grad(model(nn, True)), grad(model(flax_nn, False)), depth=52)
+
+
+def test_decoding_with_a_kv_cache_through_scan_layers_and_stacked_is_flax_decoding():
+  def block(m):
+    class Attn(m.Module):
+      @m.compact
+      def __call__(self, x):
+        return x + m.MultiHeadDotProductAttention(num_heads=2, qkv_features=4, decode=True)(x)
+    return Attn
+
+  def model(m, scanned):
+    layer_cls = block(m)
+
+    class Model(m.Module):
+      def setup(self):
+        self.layers = [layer_cls() for _ in range(3)]
+
+      def __call__(self, x):
+        if scanned:
+          return nn.scan_layers(self.layers, x)
+        for layer in self.layers:
+          x = layer(x)
+        return x
+    return Model()
+
+  class FlaxStep(block(flax_nn)):
+    def __call__(self, x):
+      return super().__call__(x), None
+
+  flax_scan = flax_nn.scan(FlaxStep, variable_axes={True: 0}, split_rngs={True: True}, length=3)()
+  x = jnp.linspace(-1.0, 1.0, 16).reshape(1, 4, 4)
+  variables = model(flax_nn, False).init(KEY, x)
+  assert_trees_equal(model(nn, True).init(KEY, x), variables)
+  scan_vars = flax_scan.init(KEY, x)
+  assert_trees_equal(nn.Stacked(block(nn), 3).init(KEY, x)['cache'], scan_vars['cache'])
+  states = [variables, variables, scan_vars, scan_vars]
+  for t in range(4):
+    token = x[:, t:t + 1]
+    outs = [model(nn, True).apply(states[0], token, mutable=['cache']),
+            model(flax_nn, False).apply(states[1], token, mutable=['cache']),
+            nn.Stacked(block(nn), 3).apply(states[2], token, mutable=['cache']),
+            flax_scan.apply(states[3], token, mutable=['cache'])]
+    outs[3] = (outs[3][0][0], outs[3][1])
+    assert_trees_close(outs[0], outs[1], depth=3 * (t + 1))
+    assert_trees_close(outs[2], outs[3], depth=3 * (t + 1))
+    states = [{**s, **new} for s, (_, new) in zip(states, outs)]
