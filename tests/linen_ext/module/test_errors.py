@@ -263,6 +263,13 @@ MISUSE = {
         x)).init(KEY, X), ValueError, r'Empty Sequential module at "/body".*Fix'),
     'cond given a list of modules': (lambda: _branches('cond'), errors.NotAModuleError,
                                      r'`nn.cond`.*list of Dense, Dense.*self'),
+    'no __call__ in apply': (lambda: _module('NoCall', {'a': int})(1).apply({}),
+                             errors.InvalidMethodError, '__call__'),
+    'no __call__ in init': (lambda: _module('NoCall', {'a': int})(1).init(KEY),  # as Flax's
+                            AttributeError, '"NoCall" object has no attribute "__call__"'),
+    'setup attribute of an unbound module': (lambda: _module(
+        'Model', setup=lambda self: setattr(self, 'dense', nn.Dense(3)))().dense, AttributeError,
+                                             'only exists inside `init`/`apply`'),
     'switch given a list of modules': (lambda: _branches('switch'), errors.NotAModuleError,
                                        r'`nn.switch`.*list of Dense, Dense.*self'),
 }

@@ -35,16 +35,37 @@ def init_apply(make, *args):
   return check_linen_parity(build)[0][0]
 
 
-def test_auto_names_and_explicit_names():
+def test_compact_names_explicit_shared_passed_in_and_copied_like_flax():
   def make(nn):
+    class Inner(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return nn.Dense(4)(x)
+
+    class Child(nn.Module):
+      inner: nn.Module
+
+      @nn.compact
+      def __call__(self, x, other):
+        return self.inner(x) + other(x) + nn.Dense(4)(x)
+
     class Model(nn.Module):
       @nn.compact
       def __call__(self, x):
-        x = nn.Dense(3, name='middle')(nn.Dense(3)(x))
-        return nn.LayerNorm()(nn.Dense(2)(x))
+        x = nn.Dense(4, name='middle')(nn.Dense(4)(x))  # an explicit name takes no number
+        shared, block, inner = nn.Dense(4), nn.Dense(4, name='block'), Inner()
+        x = block(shared(shared(x))) + block(x) + inner(inner(x))
+        x = Child(nn.Dense(4))(x, nn.Dense(4, name='arg'))  # made here: they live here
+        fresh, named = shared.copy(), shared.copy(name='named', features=5)
+        return nn.LayerNorm()(nn.Dense(2)(x + fresh(x))), named(x).sum()
     return Model
 
-  assert set(init_apply(make, X)['params']) == {'Dense_0', 'middle', 'Dense_1', 'LayerNorm_0'}
+  variables = init_apply(make, X)['params']
+  assert set(variables) == {'Dense_0', 'middle', 'Dense_1', 'block', 'Inner_0', 'Dense_2', 'arg',
+                            'Child_0', 'Dense_3', 'named', 'Dense_4', 'LayerNorm_0'}
+  assert set(variables['Inner_0']) == set(variables['Child_0']) == {'Dense_0'}  # per call
+  assert nn.Dense(3, name='a').copy(name='b').name == 'b'
+  assert nn.Dense(3, name='a').copy().name is None
 
 
 def test_setup_lists_dicts_tuples_and_explicit_names_are_named_like_flax():
@@ -72,25 +93,6 @@ def test_setup_lists_dicts_tuples_and_explicit_names_are_named_like_flax():
 
   assert set(init_apply(make, X)['params']) == {'layers_0', 'layers_1', 'heads_a', 'heads_b_0',
                                                 'heads_b_1', 'pair_0', 'custom'}
-
-
-def test_shared_submodule_and_repeated_compact_calls_reuse_variables():
-  def make(nn):
-    class Inner(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        return nn.Dense(4)(x)
-
-    class Model(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        shared, block, inner = nn.Dense(4), nn.Dense(4, name='block'), Inner()
-        return block(shared(shared(x))) + block(x) + inner(inner(x))
-    return Model
-
-  variables = init_apply(make, X)
-  assert set(variables['params']) == {'Dense_0', 'block', 'Inner_0'}
-  assert set(variables['params']['Inner_0']) == {'Dense_0'}  # auto names restart per call
 
 
 def test_outside_modules_are_adopted_under_the_field_name_and_stay_shared():
@@ -138,28 +140,10 @@ def test_module_fields_that_are_modules_in_tuples_shared_and_adopted():
         return (Holder(Block(), (Block(), shared))(x) + shared(x)
                 + Holder(sub=shared, name='h2')(x))
 
-    return Model().init_with_output(KEY, X), Holder(Block()).init_with_output(KEY, X)
+    y, variables = Holder(Block()).init_with_output(KEY, X)
+    return (Model().init_with_output(KEY, X), y, variables,
+            Holder(Block()).apply(variables, X, method='sub'))  # `method=` names a field
   check_linen_parity(build)
-
-
-def test_module_created_in_parent_and_passed_to_child_lives_at_the_parent():
-  def make(nn):
-    class Child(nn.Module):
-      inner: nn.Module
-
-      @nn.compact
-      def __call__(self, x, other):
-        return self.inner(x) + other(x) + nn.Dense(4)(x)
-
-    class Model(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        return Child(nn.Dense(4))(x, nn.Dense(4, name='arg'))
-    return Model
-
-  variables = init_apply(make, X)
-  assert set(variables['params']) == {'Dense_0', 'arg', 'Child_0'}
-  assert set(variables['params']['Child_0']) == {'Dense_0'}
 
 
 def test_nowrap_helper_and_setup_params_nest_in_compact_modules():
@@ -350,30 +334,6 @@ def test_capture_intermediates_of_flax_layer_internals():
                      capture_intermediates=lambda m, n: type(m).__name__ == 'Dense')))
 
 
-def test_apply_method_names_a_submodule_field_as_flax():
-  def build(nn):
-    class Foo(nn.Module):
-      bar: nn.Module
-
-      @nn.compact
-      def __call__(self, x):
-        return self.bar(x) * 2
-
-    variables = Foo(nn.Dense(3)).init(KEY, X)
-    return variables, Foo(nn.Dense(3)).apply(variables, X, method='bar')
-  check_linen_parity(build)
-
-
-def test_module_without_call_is_an_error_in_apply_and_init():
-  class NoCall(nn.Module):
-    a: int = 0
-
-  with pytest.raises(errors.InvalidMethodError, match='__call__'):
-    NoCall(1).apply({})
-  with pytest.raises(AttributeError, match='"NoCall" object has no attribute "__call__"'):
-    NoCall(1).init(KEY)  # an AttributeError, as Flax's
-
-
 # -- bind, clone, dataclass fields, inheritance ---------------------------------------------
 
 
@@ -408,15 +368,6 @@ def test_bind_unbind_clone_and_setup_attributes():
             unbound_vars, module.apply(unbound_vars, X), clone.init(KEY, X), clone.features,
             Model(name='x').clone().name, bound.dense.clone().name, y, fresh.variables)
   check_linen_parity(build)
-
-
-def test_setup_attributes_exist_only_when_bound():
-  class Model(nn.Module):
-    def setup(self):
-      self.dense = nn.Dense(3)
-
-  with pytest.raises(AttributeError, match='only exists inside `init`/`apply`'):
-    _ = Model().dense
 
 
 def test_dataclass_field_defaults_and_post_init():
@@ -697,7 +648,7 @@ def test_top_level_name_paths_and_nested_standalone_init():
 def test_linen_ext_imports_no_flax_scope_or_lifting():
   forbidden = ('flax.core.scope', 'flax.core.lift', 'flax.core.axes_scan', 'flax.linen.transforms')
   imported = []
-  for path in sorted(pathlib.Path(nn.__file__).parent.glob('*.py')):
+  for path in sorted(pathlib.Path(nn.__file__).parent.rglob('*.py')):  # subpackages too
     for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, ast.ImportFrom) and node.module:
         imported += [node.module] + [f'{node.module}.{a.name}' for a in node.names]
@@ -709,7 +660,7 @@ def test_linen_ext_imports_no_flax_scope_or_lifting():
 # -- private methods, several compact methods, share_scope, copy (all as Flax) -------------
 
 
-def test_private_methods_are_wrapped_like_flax():
+def test_private_and_several_compact_methods_name_like_flax():
   def make(nn):
     class Model(nn.Module):
       def setup(self):
@@ -723,21 +674,9 @@ def test_private_methods_are_wrapped_like_flax():
         return self.proj(x)
 
       def __call__(self, x):
-        return self._project(self._embed(x)) + self._embed(x)
-    return Model
-
-  variables = init_apply(make, X)
-  assert set(variables['params']) == {'Dense_0', 'proj'}
-  # A private method called on a bound module runs setup first, as a public one does.
-  check_linen_parity(lambda nn: make(nn)().bind(variables)._project(jnp.ones((2, 3))))
-
-
-def test_several_compact_methods_name_like_flax():
-  def make(nn):
-    class Model(nn.Module):
-      def __call__(self, x):
-        # Outermost calls restart the names (Dense_0 twice: shared); nested ones continue.
-        return self.first(x) + self.second(x) + self.nested(x)
+        # Outermost compact calls restart the names (Dense_0 each time: shared); nested ones go on.
+        return (self._project(self._embed(x)) + self._embed(x) + self.first(x) + self.second(x)
+                + self.nested(x))
 
       @nn.compact
       def first(self, x):
@@ -752,7 +691,10 @@ def test_several_compact_methods_name_like_flax():
         return nn.Dense(3)(x) + self.first(x) + self.second(x)
     return Model
 
-  assert set(init_apply(make, X)['params']) == {'Dense_0', 'Dense_1', 'Dense_2'}
+  variables = init_apply(make, X)
+  assert set(variables['params']) == {'Dense_0', 'Dense_1', 'Dense_2', 'proj'}
+  # A private method called on a bound module runs setup first, as a public one does.
+  check_linen_parity(lambda nn: make(nn)().bind(variables)._project(jnp.ones((2, 3))))
 
 
 def test_share_scope_like_flax():
@@ -792,22 +734,6 @@ def test_share_scope_like_flax():
   variables = init_apply(make, X)
   assert set(variables['params']['Wrapped_0']) == {'own', 'sub'}
   assert set(variables['params']['Dense_0']) == {'a', 'kernel', 'bias'}
-
-
-def test_copy_like_flax():
-  def make(nn):
-    class Model(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        dense = nn.Dense(3)
-        y = dense(x)
-        fresh, named = dense.copy(), dense.copy(name='named', features=5)
-        return y + fresh(x), named(x).sum()
-    return Model
-
-  assert set(init_apply(make, X)['params']) == {'Dense_0', 'Dense_1', 'named'}
-  assert nn.Dense(3, name='a').copy(name='b').name == 'b'
-  assert nn.Dense(3, name='a').copy().name is None
 
 
 # -- functional entry points and lazy_init ----------------------------------------------------
