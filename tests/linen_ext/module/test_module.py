@@ -95,30 +95,7 @@ def test_setup_lists_dicts_tuples_and_explicit_names_are_named_like_flax():
                                                 'heads_b_1', 'pair_0', 'custom'}
 
 
-def test_outside_modules_are_adopted_under_the_field_name_and_stay_shared():
-  def make(nn):
-    class A(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        return nn.Dense(2)(x)
-
-    class Holder(nn.Module):
-      left: nn.Module
-      right: nn.Module = None
-      layers: dict = None
-
-      def __call__(self, x):
-        y = self.left(x) + (self.right(x) if self.right else 0)
-        return y + sum(layer(x) for layer in (self.layers or {}).values())
-
-    shared, a = nn.Dense(2), A()
-    # Flax walks a field's dicts in sorted key order: {'foo': a, 'bar': a} adopts a as A_bar.
-    return lambda: Holder(shared, shared, {'foo': a, 'bar': a, 'zed': A()})
-
-  assert set(init_apply(make, X)['params']) == {'left', 'layers_bar', 'layers_zed'}
-
-
-def test_module_fields_that_are_modules_in_tuples_shared_and_adopted():
+def test_module_fields_in_tuples_and_dicts_are_adopted_under_the_field_name_and_shared():
   def build(nn):
     class Block(nn.Module):
       @nn.compact
@@ -128,10 +105,12 @@ def test_module_fields_that_are_modules_in_tuples_shared_and_adopted():
     class Holder(nn.Module):
       sub: nn.Module
       subs: tuple = ()
+      layers: dict = None
 
       @nn.compact
       def __call__(self, x):
-        return self.sub(x) + Block()(x) + sum(sub(x) for sub in self.subs)
+        return (self.sub(x) + Block()(x) + sum(sub(x) for sub in self.subs)
+                + sum(layer(x) for layer in (self.layers or {}).values()))
 
     class Model(nn.Module):
       @nn.compact
@@ -141,7 +120,11 @@ def test_module_fields_that_are_modules_in_tuples_shared_and_adopted():
                 + Holder(sub=shared, name='h2')(x))
 
     y, variables = Holder(Block()).init_with_output(KEY, X)
-    return (Model().init_with_output(KEY, X), y, variables,
+    shared, a = nn.Dense(2), Block()
+    # Flax walks a field's dicts in sorted key order: {'foo': a, 'bar': a} adopts a as layers_bar.
+    outside = Holder(shared, (shared,), {'foo': a, 'bar': a, 'zed': Block()}).init(KEY, X)
+    assert set(outside['params']) == {'sub', 'Block_0', 'layers_bar', 'layers_zed'}
+    return (Model().init_with_output(KEY, X), y, variables, outside,
             Holder(Block()).apply(variables, X, method='sub'))  # `method=` names a field
   check_linen_parity(build)
 
@@ -247,13 +230,22 @@ def test_module_api_tour_matches_flax():
     sv = {c: v[c]['SetupM_0'] for c in ('params', 'state')}
     bound = SetupM().bind(sv, mutable=['state'])
     module, unbound = bound.unbind()
+    assert module.scope is None and unbound == sv
+    assert bound.a.variables == {'params': sv['params']['a']}
+    assert_trees_equal(bound(x), SetupM().apply(sv, x, mutable=['state'])[0])
+    assert Sub().clone() == Sub()
+    fresh = SetupM().bind({}, rngs={'params': KEY}, mutable=True)  # creates variables
+    fresh.sow('intermediates', 'y', fresh(x))
     return (y, v, M().apply(stored, x, rngs={'dropout': KEY},
                             mutable=['intermediates', 'cache', 'state']),
             M().apply(stored, x, rngs=KEY, mutable=True)[0][0],
             SetupM().apply(sv, x, method='other'), SetupM().apply(sv, x, method=SetupM.other),
-            SetupM().helper(), bound(x), bound.variables, type(module).__name__,
-            module.scope is None, unbound, Sub(2).clone(feat=5).feat,
-            [f.name for f in dataclasses.fields(Sub)], Sub(name='x').name, Sub().parent is None)
+            SetupM().helper(), bound(x), bound.other(x), bound.w, bound.variables,
+            bound.a.variables, type(module).__name__, unbound, module.apply(unbound, x,
+                                                                            mutable=True),
+            Sub(2).clone(feat=5).feat, Sub(2).clone(feat=5).init(KEY, x), Sub(name='x').clone().name,
+            bound.a.clone().name, fresh.variables, [f.name for f in dataclasses.fields(Sub)],
+            Sub(name='x').name, Sub().parent is None)
   check_linen_parity(build)
 
 
@@ -335,39 +327,6 @@ def test_capture_intermediates_of_flax_layer_internals():
 
 
 # -- bind, clone, dataclass fields, inheritance ---------------------------------------------
-
-
-def test_bind_unbind_clone_and_setup_attributes():
-  def build(nn):
-    class Model(nn.Module):
-      features: int = 3
-
-      def setup(self):
-        self.dense = nn.Dense(self.features)
-        self.p = self.param('p', nn.initializers.ones, (2,))
-        self.v = self.variable('state', 'v', jnp.zeros, (2,))
-
-      def __call__(self, x):
-        return self.dense(x), self.p, self.v.value
-
-      def enc(self, x):
-        return self.dense(x)
-
-    variables = Model().init(KEY, X)
-    bound = Model().bind(variables)
-    module, unbound_vars = bound.unbind()
-    assert module.scope is None and unbound_vars == variables
-    assert_trees_equal(bound(X), Model().apply(variables, X))
-    assert bound.dense.variables == {'params': variables['params']['dense']}
-    clone = Model().clone(features=5)
-    assert Model().clone() == Model()
-    fresh = Model().bind({}, rngs={'params': KEY}, mutable=True)  # creates variables
-    y = fresh(X)
-    fresh.sow('intermediates', 'y', y)
-    return (variables, bound.enc(X), bound.p, bound.variables, bound.dense.variables,
-            unbound_vars, module.apply(unbound_vars, X), clone.init(KEY, X), clone.features,
-            Model(name='x').clone().name, bound.dense.clone().name, y, fresh.variables)
-  check_linen_parity(build)
 
 
 def test_dataclass_field_defaults_and_post_init():
