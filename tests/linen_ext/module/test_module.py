@@ -17,7 +17,6 @@ import pytest
 from flax.core import FrozenDict
 
 import linen_ext as nn
-from linen_ext import errors
 from tests.helpers import assert_trees_equal, check_linen_parity
 
 KEY = jax.random.key(0)
