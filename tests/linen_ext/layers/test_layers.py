@@ -212,31 +212,18 @@ def test_from_flax_custom_module_with_its_own_collection_and_rng_stream():
 
 
 def test_from_flax_inside_vmap_and_scan_matches_flax_transforms():
+  """nn.scan traces its step twice; the wrapped layers' counters continue as flax's do."""
   def make(nn):
     class Member(nn.Module):
       @nn.compact
       def __call__(self, x):
         return wrap(nn, FlaxBlock())(x)
 
-    class Model(nn.Module):
+    class Cell(nn.Module):
       @nn.compact
-      def __call__(self, x):
-        ensemble = nn.vmap(Member, variable_axes={'params': 0, 'batch_stats': 0},
-                           split_rngs={'params': True, 'dropout': True}, axis_size=2,
-                           in_axes=None)
-        y = ensemble()(x).sum(0)
-        cell = nn.scan(_cell(nn), variable_broadcast='params', split_rngs={'params': False},
-                       in_axes=1, out_axes=1)()
-        carry = jnp.zeros((2, 4))
-        return cell(carry, y)[1]
-    return Model()
+      def __call__(self, carry, x):
+        return wrap(nn, flax_nn.SimpleCell(4, name='cell'))(carry, x)
 
-  check(make, X, mutable=['batch_stats'])
-
-
-def test_from_flax_inside_scan_with_split_rngs_draws_flax_keys():
-  """nn.scan traces its step twice; the wrapped layers' counters continue as flax's do."""
-  def make(nn):
     class Step(nn.Module):
       @nn.compact
       def __call__(self, c, _):
@@ -245,21 +232,19 @@ def test_from_flax_inside_scan_with_split_rngs_draws_flax_keys():
     class Model(nn.Module):
       @nn.compact
       def __call__(self, x):
+        ensemble = nn.vmap(Member, variable_axes={'params': 0, 'batch_stats': 0},
+                           split_rngs={'params': True, 'dropout': True}, axis_size=2,
+                           in_axes=None)
+        y = ensemble()(x).sum(0)
+        cell = nn.scan(Cell, variable_broadcast='params', split_rngs={'params': False},
+                       in_axes=1, out_axes=1)()
         stack = nn.scan(Step, variable_axes={'params': 0, 'batch_stats': 0},
                         split_rngs={'params': True, 'dropout': True}, length=3)
-        return stack()(x, None)[0]
+        return cell(jnp.zeros((2, 4)), y)[1] + stack()(x, None)[0]
     return Model()
 
   variables = check(make, X, mutable=['batch_stats'])
   assert variables['params']['ScanStep_0']['FlaxBlock_0']['Dense_0']['kernel'].shape[0] == 3
-
-
-def _cell(nn):
-  class Cell(nn.Module):
-    @nn.compact
-    def __call__(self, carry, x):
-      return wrap(nn, flax_nn.SimpleCell(4, name='cell'))(carry, x)
-  return Cell
 
 
 def test_from_flax_names_and_errors():

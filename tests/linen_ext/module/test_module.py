@@ -434,7 +434,7 @@ def test_module_attributes_are_frozen_like_flax():
 # -- rngs, dtypes, flags and names under transforms ----------------------------------------
 
 
-def test_rngs_drawn_in_setup_methods_and_repeated_calls():
+def test_rngs_drawn_in_setup_methods_repeated_calls_dropout_and_legacy_keys():
   def build(nn):
     class Sub(nn.Module):
       def setup(self):
@@ -456,16 +456,7 @@ def test_rngs_drawn_in_setup_methods_and_repeated_calls():
         return (self.s(x), self.s(x), self.s.other(), self.t[1].other(), self.t[0](x),
                 jax.random.normal(self.make_rng('noise'), (2,)))
 
-    y, variables = Model().init_with_output(RNGS, X)
-    again = Model().apply(variables, rngs=RNGS,
-                          method=lambda m: (m.s.other(), m.s.other(), m.t[0].other()))
-    return y, variables, Model().apply(variables, X, rngs=RNGS), again
-  check_linen_parity(build)
-
-
-def test_dropout_rng_collection_and_legacy_keys_and_dtypes():
-  def build(nn):
-    class Model(nn.Module):
+    class Drop(nn.Module):  # the dropout rng collection, legacy uint32 keys and dtypes
       @nn.compact
       def __call__(self, x):
         w = self.param('w', nn.initializers.normal(), (4, 2), jnp.bfloat16)
@@ -474,9 +465,13 @@ def test_dropout_rng_collection_and_legacy_keys_and_dtypes():
                 dropout(x), dropout(x),
                 nn.Dropout(0.5, deterministic=False, rng_collection='noise')(x))
 
+    y, variables = Model().init_with_output(RNGS, X)
+    again = Model().apply(variables, rngs=RNGS,
+                          method=lambda m: (m.s.other(), m.s.other(), m.t[0].other()))
     legacy = {name: jax.random.PRNGKey(i) for i, name in enumerate(RNGS)}
-    y, variables = Model().init_with_output(legacy, X)
-    return y, variables, Model().apply(variables, X, rngs=RNGS)
+    y2, v2 = Drop().init_with_output(legacy, X)
+    return (y, variables, Model().apply(variables, X, rngs=RNGS), again, y2, v2,
+            Drop().apply(v2, X, rngs=RNGS))
   check_linen_parity(build)
 
 
@@ -505,7 +500,7 @@ def test_flags_inside_vmap_remat_and_jit():
       make(nn).apply(variables, XS, rngs={'dropout': KEY}, mutable=['stats'])))
 
 
-def test_automatic_names_under_transforms_and_in_setup():
+def test_automatic_names_under_transforms_in_setup_and_decorated_methods():
   def build(nn):
     class Block(nn.Module):
       @nn.compact
@@ -534,14 +529,7 @@ def test_automatic_names_under_transforms_and_in_setup():
           x = layer(x)
         return self.vm(x).sum(0) + self.table['a'](x)
 
-    return (Compact().init_with_output(KEY, X),
-            jax.tree.map(lambda a: (a.shape, a.dtype), Setup().init(KEY, X)))
-  check_linen_parity(build)
-
-
-def test_decorated_compact_methods_vmap_and_scan():
-  def build(nn):
-    class Mapped(nn.Module):
+    class Mapped(nn.Module):  # compact methods decorated by transforms
       @functools.partial(nn.vmap, variable_axes={'params': 0}, split_rngs={'params': True})
       @nn.compact
       def __call__(self, x):
@@ -554,7 +542,9 @@ def test_decorated_compact_methods_vmap_and_scan():
         h = nn.Dense(4)(x) + c
         return h, h
 
-    return (Mapped().init_with_output(KEY, XS),
+    return (Compact().init_with_output(KEY, X),
+            jax.tree.map(lambda a: (a.shape, a.dtype), Setup().init(KEY, X)),
+            Mapped().init_with_output(KEY, XS),
             Scanned().init_with_output(KEY, jnp.zeros((3, 4)), XS))
   check_linen_parity(build)
 
