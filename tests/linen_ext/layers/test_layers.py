@@ -247,7 +247,7 @@ def test_from_flax_inside_vmap_and_scan_matches_flax_transforms():
   assert variables['params']['ScanStep_0']['FlaxBlock_0']['Dense_0']['kernel'].shape[0] == 3
 
 
-def test_from_flax_names_and_errors():
+def test_from_flax_and_ready_made_layers_names_arguments_and_errors():
   class Model(nn.Module):
     @nn.compact
     def __call__(self, x):
@@ -261,9 +261,7 @@ def test_from_flax_names_and_errors():
   assert set(variables['params']) == {'Dense_0', 'named', 'renamed', 'Embed_0'}
   with pytest.raises(errors.FlaxAdapterError, match='not the class'):
     nn.from_flax(flax_nn.Dense)
-
-
-def test_ready_made_layers_keep_flax_constructor_arguments():
+  # The ready-made layers keep Flax's constructor arguments.
   dense = nn.Dense(3, use_bias=False, name='d')
   assert dense.to_flax() == flax_nn.Dense(3, use_bias=False)
   assert (dense.features, dense.use_bias, dense.name) == (3, False, 'd')

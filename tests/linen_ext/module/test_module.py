@@ -67,7 +67,7 @@ def test_compact_names_explicit_shared_passed_in_and_copied_like_flax():
   assert nn.Dense(3, name='a').copy().name is None
 
 
-def test_setup_lists_dicts_tuples_and_explicit_names_are_named_like_flax():
+def test_setup_lists_dicts_tuples_nowrap_helpers_and_explicit_names_are_named_like_flax():
   def make(nn):
     class Block(nn.Module):
       features: int = 3
@@ -77,21 +77,36 @@ def test_setup_lists_dicts_tuples_and_explicit_names_are_named_like_flax():
         return nn.Dense(self.features)(x)
 
     class Model(nn.Module):
+      @nn.nowrap
+      def make_layer(self, n):
+        return nn.Dense(n)
+
       def setup(self):
         self.layers = [Block(), Block()]
         self.heads = {'a': nn.Dense(1), 'b': [Block(2), Block(1)]}
         self.pair = (Block(1),)
         self.proj = Block(2, name='custom')
+        self.scale = self.param('scale', nn.initializers.ones, (3,))
+        self.first = self.make_layer(3)
 
       def __call__(self, x):
         for layer in self.layers:
           x = layer(x)
+        x = self.first(x) * self.scale[None]
         return [self.heads['a'](x), *(m(x) for m in self.heads['b']), self.pair[0](x),
                 self.proj(x)]
-    return Model
 
-  assert set(init_apply(make, X)['params']) == {'layers_0', 'layers_1', 'heads_a', 'heads_b_0',
-                                                'heads_b_1', 'pair_0', 'custom'}
+    class Outer(nn.Module):  # setup modules nest in a compact one
+      @nn.compact
+      def __call__(self, x):
+        x = x + self.param('bias', nn.initializers.normal(0.1), (4,))[None]
+        return Model()(x), Model(name='last')(x)
+    return Outer
+
+  params = init_apply(make, X)['params']
+  assert set(params) == {'bias', 'Model_0', 'last'}
+  assert set(params['last']) == {'layers_0', 'layers_1', 'heads_a', 'heads_b_0', 'heads_b_1',
+                                 'pair_0', 'custom', 'scale', 'first'}
 
 
 def test_module_fields_in_tuples_and_dicts_are_adopted_under_the_field_name_and_shared():
@@ -126,32 +141,6 @@ def test_module_fields_in_tuples_and_dicts_are_adopted_under_the_field_name_and_
     return (Model().init_with_output(KEY, X), y, variables, outside,
             Holder(Block()).apply(variables, X, method='sub'))  # `method=` names a field
   check_linen_parity(build)
-
-
-def test_nowrap_helper_and_setup_params_nest_in_compact_modules():
-  def make(nn):
-    class Block(nn.Module):
-      features: int
-
-      @nn.nowrap
-      def make_layer(self, n):
-        return nn.Dense(n)
-
-      def setup(self):
-        self.scale = self.param('scale', nn.initializers.ones, (self.features,))
-        self.first, self.second = self.make_layer(3), self.make_layer(self.features)
-
-      def __call__(self, x):
-        return self.second(self.first(x)) * self.scale[None]
-
-    class Model(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        x = Block(4)(x) + self.param('bias', nn.initializers.normal(0.1), (4,))[None]
-        return Block(2, name='last')(x)
-    return Model
-
-  assert set(init_apply(make, X)['params']['last']) == {'scale', 'first', 'second'}
 
 
 def test_sow_reduce_and_init_fns_get_and_put_variable_and_mode_queries():
