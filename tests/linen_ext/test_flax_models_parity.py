@@ -16,15 +16,6 @@ KEY = jax.random.key(0)
 RNGS = {'params': KEY, 'dropout': jax.random.key(1)}
 
 
-def mlp(nn):
-  class MLP(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      h = nn.relu(nn.Dense(8, name='hidden')(x))
-      return nn.Dense(2, name='out')(h)
-  return MLP(), (jnp.linspace(-1, 1, 12).reshape(3, 4),), {}
-
-
 def cnn(nn):
   class CNN(nn.Module):
     @nn.compact
@@ -72,21 +63,6 @@ def batchnorm_dropout(nn):
       x = nn.Dropout(0.5)(x, deterministic=not train)
       return nn.Dense(2)(nn.relu(x))
   return Net(), (jnp.linspace(-1, 1, 20).reshape(5, 4), True), {}
-
-
-def ensemble(nn):
-  class Member(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      return nn.Dense(2)(nn.tanh(nn.Dense(4)(x)))
-
-  class Ensemble(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      members = nn.vmap(Member, variable_axes={'params': 0}, split_rngs={'params': True},
-                        in_axes=None, axis_size=3)
-      return members()(x).mean(0)
-  return Ensemble(), (jnp.linspace(-1, 1, 8).reshape(2, 4),), {}
 
 
 def scanned_layers(nn):
@@ -184,20 +160,6 @@ def setup_submodules(nn):
   return Model(), (jnp.array([[1, 2, 3], [4, 5, 6]]),), {}
 
 
-def gru_unrolled(nn):
-  class Net(nn.Module):
-    @nn.compact
-    def __call__(self, xs):
-      cell = nn.GRUCell(3)
-      carry = cell.initialize_carry(jax.random.key(3), xs[:, 0].shape)
-      ys = []
-      for t in range(xs.shape[1]):
-        carry, y = cell(carry, xs[:, t])
-        ys.append(y)
-      return jnp.stack(ys, 1)
-  return Net(), (jnp.linspace(-1, 1, 2 * 4 * 3).reshape(2, 4, 3),), {}
-
-
 def nested_transforms(nn):
   class Block(nn.Module):
     @nn.compact
@@ -216,9 +178,10 @@ def nested_transforms(nn):
   return Net(), (jnp.linspace(-1, 1, 8).reshape(2, 4),), {}
 
 
-MODELS = [mlp, cnn, lstm, transformer_block, batchnorm_dropout, ensemble, scanned_layers,
-          scan_traced_once, remat_block, jitted_block, tied_autoencoder, setup_submodules,
-          gru_unrolled, nested_transforms]
+# A plain MLP, an unrolled GRU and a vmapped ensemble: see tests/linen_ext/module/test_module.py
+# (names and transforms) and tests/linen_ext/layers/test_layers.py (recurrent cells).
+MODELS = [cnn, lstm, transformer_block, batchnorm_dropout, scanned_layers, scan_traced_once,
+          remat_block, jitted_block, tied_autoencoder, setup_submodules, nested_transforms]
 JITTED = {jitted_block, nested_transforms}  # our jit draws the un-jitted keys, Flax's forks them
 
 

@@ -32,7 +32,7 @@ def total(table: str) -> str:
   return re.search(r'Total Parameters: ([\d,]+)', table).group(1)
 
 
-def test_rows_list_each_call_with_shapes_and_own_variables():
+def test_rows_list_each_call_with_shapes_and_own_variables_and_depth_folds_them():
   table = make(nn).tabulate(jax.random.key(0), X, console_kwargs=PLAIN)
   assert total(table) == total(make(flax_nn).tabulate(jax.random.key(0), X)) == '264'
   rows = [line for line in table.splitlines() if line.startswith('│ ens') or '│ Block' in line]
@@ -41,9 +41,7 @@ def test_rows_list_each_call_with_shapes_and_own_variables():
       'Block_0/BatchNorm_0', 'Block_0/Dense_1']
   assert 'kernel: float32[3,9,4]' in table  # the stacked ensemble kernel, at its own row
   assert table.index('params') < table.index('batch_stats')
-
-
-def test_depth_folds_descendants_into_the_shown_ancestor():
+  # depth=1 folds descendants into the shown ancestor
   table = nn.tabulate(make(nn), jax.random.key(0), depth=1, console_kwargs=PLAIN)(X)
   assert 'ens/Dense_0' not in table
   ens = next(line for line in table.splitlines() if line.startswith('│ ens'))

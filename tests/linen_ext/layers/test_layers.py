@@ -6,6 +6,7 @@ also inside lifted transforms.
 """
 import inspect
 
+import flax.errors
 import flax.linen as flax_nn
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 import linen_ext as nn
+from lift import errors as lift_errors
 from linen_ext import errors
 from tests.helpers import assert_trees_equal as assert_same
 from tests.helpers import assert_trees_close, check_linen_parity
@@ -91,40 +93,29 @@ def test_ready_made_layers_under_vmap_match_flax(name):
   check(make, X, mutable=['batch_stats'])
 
 
-def test_repeated_calls_of_a_wrapped_layer_draw_fresh_keys():
-  first, second = in_parent(nn, LAYERS['MultiHeadDotProductAttention']).apply(
-      in_parent(nn, LAYERS['MultiHeadDotProductAttention']).init(RNGS, X), X, rngs=RNGS)
-  assert not np.array_equal(first, second)
+def test_repeated_calls_draw_fresh_keys_and_a_root_dropout_draws_flax_keys():
+  for name in ('Dropout', 'MultiHeadDotProductAttention'):  # Flax parity: above
+    model = in_parent(nn, LAYERS[name])
+    first, second = model.apply(model.init(RNGS, X), X, rngs=RNGS)
+    assert not np.array_equal(first, second), name
+  check_linen_parity(lambda nn: nn.Dropout(0.5).apply({}, X, deterministic=False, rngs=RNGS))
 
 
-def test_repeated_dropout_calls_draw_flax_keys():
-  ours = nn.Dropout(0.5).apply({}, X, deterministic=False, rngs=RNGS)
-  y1, y2 = in_parent(nn, LAYERS['Dropout']).apply({}, X, rngs=RNGS)
-  f1, f2 = in_parent(flax_nn, LAYERS['Dropout']).apply({}, X, rngs=RNGS)
-  assert_same((y1, y2), (f1, f2))
-  assert not np.array_equal(y1, y2)
-  assert_same(ours, flax_nn.Dropout(0.5).apply({}, X, deterministic=False, rngs=RNGS))
-
-
-def test_embed_attend_and_recurrent_cells():
+def test_embed_and_attend():
   def make(nn):
     class Model(nn.Module):
       @nn.compact
       def __call__(self, tokens):
         embed = nn.Embed(5, 4)
-        x = embed(tokens)
-        lstm, gru = nn.LSTMCell(4), nn.GRUCell(4)
-        carry = lstm.initialize_carry(jax.random.key(5), x[:, 0].shape)
-        carry, y = lstm(carry, x[:, 0])
-        _, z = gru(gru.initialize_carry(jax.random.key(6), y.shape), y)
-        return embed.attend(z), lstm.num_feature_axes
+        return embed.attend(embed(tokens)[:, 0])
     return Model()
 
   check(make, jnp.array([[0, 1, 2], [3, 4, 0]]))
 
 
-@pytest.mark.parametrize('name', ['OptimizedLSTMCell', 'SimpleCell', 'MGUCell', 'ConvLSTMCell'])
-def test_more_recurrent_cells_match_flax(name):
+@pytest.mark.parametrize('name', ['LSTMCell', 'GRUCell', 'OptimizedLSTMCell', 'SimpleCell',
+                                  'MGUCell', 'ConvLSTMCell'])
+def test_recurrent_cells_match_flax(name):
   def make(nn):
     class Model(nn.Module):
       @nn.compact
@@ -151,13 +142,12 @@ def test_mha_decode_cache_follows_mutability():
         return nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=4, decode=True)(x)
     return Decoder()
 
-  step = X[:, :1]
-  variables = make(nn).init(RNGS, X)
-  assert_same(variables, make(flax_nn).init(RNGS, X))
+  def build(nn):
+    variables = make(nn).init(RNGS, X)
+    return variables, make(nn).apply(variables, X[:, :1], mutable=['cache'])
+
+  variables, (_, updated) = check_linen_parity(build)[0]
   assert variables['cache']['MultiHeadDotProductAttention_0']['cache_index'] == 0
-  y, updated = make(nn).apply(variables, step, mutable=['cache'])
-  y_flax, updated_flax = make(flax_nn).apply(variables, step, mutable=['cache'])
-  assert_same((y, updated), (y_flax, updated_flax))
   assert updated['cache']['MultiHeadDotProductAttention_0']['cache_index'] == 1
 
 
@@ -203,11 +193,8 @@ def test_from_flax_composite_module_matches_native_flax():
 
   variables = check(make, X, mutable=['batch_stats', 'intermediates'])
   assert set(variables['params']) == {'FlaxBlock_0', 'second'}
-  _, ours = make(nn).apply(variables, X, rngs=RNGS, mutable=['batch_stats'],
-                           capture_intermediates=True)
-  _, theirs = make(flax_nn).apply(variables, X, rngs=RNGS, mutable=['batch_stats'],
-                                  capture_intermediates=True)
-  assert_same(ours, theirs)
+  check_linen_parity(lambda nn: make(nn).apply(variables, X, rngs=RNGS, mutable=['batch_stats'],
+                                               capture_intermediates=True))
   # Immutable batch_stats in eval mode: no update is asked for, none is made.
   check(make, X, train=False)
 
@@ -217,38 +204,26 @@ def test_from_flax_custom_module_with_its_own_collection_and_rng_stream():
     class Model(nn.Module):
       @nn.compact
       def __call__(self, x):
-        return (nn.from_flax(FlaxCustom(), name='c') if nn is not flax_nn else FlaxCustom(name='c'))(x)
+        return (nn.from_flax(FlaxCustom(), name='c') if nn is not flax_nn
+                else FlaxCustom(name='c'))(x)
     return Model()
 
   assert set(check(make, X, mutable=['stats'])['params']) == {'c'}
 
 
 def test_from_flax_inside_vmap_and_scan_matches_flax_transforms():
+  """nn.scan traces its step twice; the wrapped layers' counters continue as flax's do."""
   def make(nn):
     class Member(nn.Module):
       @nn.compact
       def __call__(self, x):
         return wrap(nn, FlaxBlock())(x)
 
-    class Model(nn.Module):
+    class Cell(nn.Module):
       @nn.compact
-      def __call__(self, x):
-        ensemble = nn.vmap(Member, variable_axes={'params': 0, 'batch_stats': 0},
-                           split_rngs={'params': True, 'dropout': True}, axis_size=2,
-                           in_axes=None)
-        y = ensemble()(x).sum(0)
-        cell = nn.scan(_cell(nn), variable_broadcast='params', split_rngs={'params': False},
-                       in_axes=1, out_axes=1)()
-        carry = jnp.zeros((2, 4))
-        return cell(carry, y)[1]
-    return Model()
+      def __call__(self, carry, x):
+        return wrap(nn, flax_nn.SimpleCell(4, name='cell'))(carry, x)
 
-  check(make, X, mutable=['batch_stats'])
-
-
-def test_from_flax_inside_scan_with_split_rngs_draws_flax_keys():
-  """nn.scan traces its step twice; the wrapped layers' counters continue as flax's do."""
-  def make(nn):
     class Step(nn.Module):
       @nn.compact
       def __call__(self, c, _):
@@ -257,24 +232,22 @@ def test_from_flax_inside_scan_with_split_rngs_draws_flax_keys():
     class Model(nn.Module):
       @nn.compact
       def __call__(self, x):
+        ensemble = nn.vmap(Member, variable_axes={'params': 0, 'batch_stats': 0},
+                           split_rngs={'params': True, 'dropout': True}, axis_size=2,
+                           in_axes=None)
+        y = ensemble()(x).sum(0)
+        cell = nn.scan(Cell, variable_broadcast='params', split_rngs={'params': False},
+                       in_axes=1, out_axes=1)()
         stack = nn.scan(Step, variable_axes={'params': 0, 'batch_stats': 0},
                         split_rngs={'params': True, 'dropout': True}, length=3)
-        return stack()(x, None)[0]
+        return cell(jnp.zeros((2, 4)), y)[1] + stack()(x, None)[0]
     return Model()
 
   variables = check(make, X, mutable=['batch_stats'])
   assert variables['params']['ScanStep_0']['FlaxBlock_0']['Dense_0']['kernel'].shape[0] == 3
 
 
-def _cell(nn):
-  class Cell(nn.Module):
-    @nn.compact
-    def __call__(self, carry, x):
-      return wrap(nn, flax_nn.SimpleCell(4, name='cell'))(carry, x)
-  return Cell
-
-
-def test_from_flax_names_and_errors():
+def test_from_flax_and_ready_made_layers_names_arguments_and_errors():
   class Model(nn.Module):
     @nn.compact
     def __call__(self, x):
@@ -288,9 +261,7 @@ def test_from_flax_names_and_errors():
   assert set(variables['params']) == {'Dense_0', 'named', 'renamed', 'Embed_0'}
   with pytest.raises(errors.FlaxAdapterError, match='not the class'):
     nn.from_flax(flax_nn.Dense)
-
-
-def test_ready_made_layers_keep_flax_constructor_arguments():
+  # The ready-made layers keep Flax's constructor arguments.
   dense = nn.Dense(3, use_bias=False, name='d')
   assert dense.to_flax() == flax_nn.Dense(3, use_bias=False)
   assert (dense.features, dense.use_bias, dense.name) == (3, False, 'd')
@@ -300,29 +271,7 @@ def test_ready_made_layers_keep_flax_constructor_arguments():
     dense(X)
 
 
-def test_axis_metadata_helpers_are_flax_boxes():
-  def make(nn):
-    class Model(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        init = nn.with_partitioning(nn.initializers.lecun_normal(), ('embed', 'mlp'))
-        y = nn.Dense(3, kernel_init=init)(x)
-        w = self.param('w', nn.with_logical_partitioning(nn.initializers.ones, ('mlp',)), (3,))
-        return y * w[None]
-    return Model()
-
-  x = X[0]
-  variables = make(nn).init(KEY, x)
-  assert_same(variables, make(flax_nn).init(KEY, x))
-  kernel = variables['params']['Dense_0']['kernel']
-  assert isinstance(kernel, nn.Partitioned) and kernel.names == ('embed', 'mlp')
-  assert nn.get_partition_spec(variables)['params']['Dense_0']['kernel'] == \
-      jax.sharding.PartitionSpec('embed', 'mlp')
-  with nn.logical_axis_rules([('mlp', 'model')]):
-    assert nn.logical_to_mesh_axes(('mlp',)) == jax.sharding.PartitionSpec('model')
-
-
-def test_vmap_metadata_params_add_the_axis_name_to_boxes():
+def test_axis_metadata_helpers_are_flax_boxes_and_vmap_adds_the_axis_name():
   def make(nn):
     class Layer(nn.Module):
       @nn.compact
@@ -333,15 +282,21 @@ def test_vmap_metadata_params_add_the_axis_name_to_boxes():
     class Model(nn.Module):
       @nn.compact
       def __call__(self, x):
+        init = nn.with_partitioning(nn.initializers.lecun_normal(), ('embed', 'mlp'))
+        y = nn.Dense(3, kernel_init=init)(x)
+        w = self.param('w', nn.with_logical_partitioning(nn.initializers.ones, ('mlp',)), (3,))
         stack = nn.vmap(Layer, variable_axes={'params': 0}, split_rngs={'params': True},
-                        in_axes=None, axis_size=2,
-                        metadata_params={nn.PARTITION_NAME: 'layers'})
-        return stack()(x)
+                        in_axes=None, axis_size=2, metadata_params={nn.PARTITION_NAME: 'layers'})
+        return y * w[None] + stack()(x).sum(0)
     return Model()
 
-  x = X[0]
-  variables = make(nn).init(KEY, x)
-  assert_same(variables, make(flax_nn).init(KEY, x))
+  variables = check_linen_parity(lambda nn: make(nn).init(KEY, X[0]))[0]
+  kernel = variables['params']['Dense_0']['kernel']
+  assert isinstance(kernel, nn.Partitioned) and kernel.names == ('embed', 'mlp')
+  assert nn.get_partition_spec(variables)['params']['Dense_0']['kernel'] == \
+      jax.sharding.PartitionSpec('embed', 'mlp')
+  with nn.logical_axis_rules([('mlp', 'model')]):
+    assert nn.logical_to_mesh_axes(('mlp',)) == jax.sharding.PartitionSpec('model')
   assert variables['params']['VmapLayer_0']['Dense_0']['kernel'].names == ('layers', None, 'mlp')
 
 
@@ -395,26 +350,24 @@ def test_flax_combinators_place_their_submodules_as_flax(name, in_setup, lifted)
   x = jnp.ones((2, 3, 4)) if name != 'Sequential' else X
   if lifted:
     x = jnp.stack([X, -X])
-  wrap = {lib: _vmap_remat(lib) if lifted else (lambda m: m) for lib in (nn, flax_nn)}
-  ours = _combinator_model(nn, name, in_setup, wrap[nn])
-  theirs = _combinator_model(flax_nn, name, in_setup, wrap[flax_nn])
-  v_ours = ours.init(RNGS, x)
-  v_theirs = theirs.init(RNGS, x)
-  assert_same(v_ours, v_theirs)
-  assert_same(ours.apply(v_ours, x, rngs=RNGS), theirs.apply(v_theirs, x, rngs=RNGS))
-  grads = [jax.grad(lambda p, m=m: jnp.sum(m.apply({'params': p}, x, rngs=RNGS) ** 2))(
-      v_ours['params']) for m in (ours, theirs)]
-  assert_same(*grads)
+
+  def build(lib):
+    model = _combinator_model(lib, name, in_setup, _vmap_remat(lib) if lifted else lambda m: m)
+    variables = model.init(RNGS, x)
+    loss = lambda p: jnp.sum(model.apply({'params': p}, x, rngs=RNGS) ** 2)
+    return variables, model.apply(variables, x, rngs=RNGS), jax.grad(loss)(variables['params'])
+  check_linen_parity(build)
 
 
 @pytest.mark.parametrize('name', ['RNN', 'Sequential', 'WeightNorm'])
 def test_flax_combinator_as_the_root_module_as_flax(name):
   """The wrapped module is flax's root: its held submodules adopt flax's keys (rnn/cell)."""
   x = jnp.ones((2, 3, 4)) if name != 'Sequential' else X
-  ours, theirs = nn.from_flax(_combinators(flax_nn)[name]()), _combinators(flax_nn)[name]()
-  variables = ours.init(RNGS, x)
-  assert_same(variables, theirs.init(RNGS, x))
-  assert_same(ours.apply(variables, x, rngs=RNGS), theirs.apply(variables, x, rngs=RNGS))
+  def build(lib):
+    model = wrap(lib, _combinators(flax_nn)[name]())
+    variables = model.init(RNGS, x)
+    return variables, model.apply(variables, x, rngs=RNGS)
+  check_linen_parity(build)
 
 
 def test_flax_combinators_as_scan_layers_layers_give_the_loop_values():
@@ -458,44 +411,33 @@ def test_batch_apply_merges_leading_axes_around_a_native_module():
   x = jnp.linspace(-1, 1, 40).reshape(2, 5, 4)
   variables = Model().init(jax.random.key(0), x)
   kernel, bias = variables['params']['Dense_0']['kernel'], variables['params']['Dense_0']['bias']
-  np.testing.assert_allclose(Model().apply(variables, x), x @ kernel + bias[None, None],
-                             rtol=1e-5, atol=1e-6)
-
-
-class _VmappedBatchNorm(nn.Module):
-  @nn.compact
-  def __call__(self, x):
-    norm = nn.vmap(lambda mdl, x: mdl(x), variable_axes={'params': 0},
-                   split_rngs={'params': True})
-    return norm(nn.BatchNorm(use_running_average=False), x)
-
-
-def test_wrapped_layer_writing_a_collection_a_transform_does_not_return():
-  # Flax: ScopeCollectionNotFound ('the collection is empty'); ours names the transform and fix.
-  from lift.errors import UnliftedCollectionError
-  with pytest.raises(UnliftedCollectionError,
-                     match=r'"mean".*"batch_stats" is immutable inside the lifted `vmap`.*variable_axes'):
-    _VmappedBatchNorm().init(KEY, X)
+  assert_trees_close(Model().apply(variables, x), x @ kernel + bias[None, None], depth=1)
 
 
 def test_wrapped_layer_variable_errors_are_ours_and_flax_classes():
-  import flax.errors
-  from lift import errors as lift_errors
+  class VmappedBatchNorm(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      norm = nn.vmap(lambda mdl, x: mdl(x), variable_axes={'params': 0},
+                     split_rngs={'params': True})
+      return norm(nn.BatchNorm(use_running_average=False), x)
+
   norm = nn.BatchNorm(use_running_average=False)
   variables = norm.init(KEY, X)
-  cases = [
-      ({'params': variables['params']}, lift_errors.MissingCollectionError,
+  cases = [  # Flax's vmap case: ScopeCollectionNotFound; ours names the transform and the fix
+      (lambda: VmappedBatchNorm().init(KEY, X), lift_errors.UnliftedCollectionError,
+       flax.errors.ModifyScopeVariableError,
+       r'"mean".*"batch_stats" is immutable inside the lifted `vmap`.*variable_axes'),
+      (lambda: norm.apply({'params': variables['params']}, X), lift_errors.MissingCollectionError,
        flax.errors.ScopeCollectionNotFound, r'"mean" from collection "batch_stats".*empty.*Fix'),
-      (variables, lift_errors.ImmutableCollectionError, flax.errors.ModifyScopeVariableError,
+      (lambda: norm.apply(variables, X), lift_errors.ImmutableCollectionError,
+       flax.errors.ModifyScopeVariableError,
        r'"mean".*"batch_stats" is immutable.*mutable=\["batch_stats"\]'),
+      (lambda: nn.Dense(2).apply({'params': {'bias': jnp.zeros(2)}}, X),
+       lift_errors.MissingParamError, flax.errors.ScopeParamNotFoundError,
+       r'Could not find parameter named "kernel".*Fix'),
   ]
-  for given, ours, theirs, message in cases:
+  for misuse, ours, theirs, message in cases:
     with pytest.raises(ours, match=message) as info:
-      norm.apply(given, X)
+      misuse()
     assert isinstance(info.value, theirs)
-  dense = nn.Dense(2)
-  bias_only = {'params': {'bias': dense.init(KEY, X)['params']['bias']}}
-  with pytest.raises(lift_errors.MissingParamError,
-                     match=r'Could not find parameter named "kernel".*Fix') as info:
-    dense.apply(bias_only, X)
-  assert isinstance(info.value, flax.errors.ScopeParamNotFoundError)

@@ -6,11 +6,10 @@ import pytest
 
 import linen_ext as nn
 from tests.helpers import assert_trees_equal as assert_same
+from tests.helpers import check_linen_parity
 
 KEY = jax.random.key(0)
 X = jnp.linspace(-1.0, 1.0, 12).reshape(4, 3)
-
-
 
 
 def weight_norm_model(lib, **options):
@@ -31,12 +30,12 @@ def weight_norm_model(lib, **options):
 @pytest.mark.parametrize('options', [{}, {'variable_filter': {'kernel', 'bias'}},
                                      {'feature_axes': 0, 'epsilon': 1e-3}])
 def test_weight_norm_as_flax(options):
-  ours, theirs = weight_norm_model(nn, **options), weight_norm_model(flax_nn, **options)
-  variables = ours.init(KEY, X)
-  assert_same(variables, theirs.init(KEY, X))
-  assert_same(ours.apply(variables, X), theirs.apply(variables, X))
-  grads = lambda m: jax.grad(lambda v: m.apply(v, X).sum())(variables)
-  assert_same(grads(ours), grads(theirs))
+  def build(lib):
+    model = weight_norm_model(lib, **options)
+    variables = model.init(KEY, X)
+    return variables, model.apply(variables, X), jax.grad(lambda v: model.apply(v, X).sum())(
+        variables)
+  check_linen_parity(build)
 
 
 def spectral_model(lib, n_steps):
@@ -93,7 +92,8 @@ def test_inside_vmap_and_scan_as_flax():
     return Model()
 
   xs = X.reshape(4, 1, 3)
-  variables = make(nn).init(KEY, xs)
-  assert_same(variables, make(flax_nn).init(KEY, xs))
-  assert_same(make(nn).apply(variables, xs, mutable=['batch_stats']),
-              make(flax_nn).apply(variables, xs, mutable=['batch_stats']))
+
+  def build(lib):
+    variables = make(lib).init(KEY, xs)
+    return variables, make(lib).apply(variables, xs, mutable=['batch_stats'])
+  check_linen_parity(build)

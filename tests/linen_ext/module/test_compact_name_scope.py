@@ -6,11 +6,10 @@ import pytest
 
 import linen_ext as nn
 from tests.helpers import assert_trees_equal as assert_same
+from tests.helpers import check_linen_parity
 
 KEY = jax.random.key(0)
 X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
-
-
 
 
 def make(lib, call_kind):
@@ -42,16 +41,14 @@ def make(lib, call_kind):
 
 @pytest.mark.parametrize('call_kind', ['plain', 'compact'])
 def test_variables_and_outputs_as_flax(call_kind):
-  ours, method = make(nn, call_kind)
-  theirs, flax_method = make(flax_nn, call_kind)
-  v_ours = ours.init(KEY, X, method=method)
-  v_theirs = theirs.init(KEY, X, method=flax_method)
-  assert_same(v_ours, v_theirs)
-  assert {'up', 'down', 'shared'} <= set(v_ours['params'])
-  assert_same(ours.apply(v_ours, X, method=method), theirs.apply(v_theirs, X, method=flax_method))
-  for name in ('up', 'down'):  # run on their own through `method=`
-    assert_same(ours.apply(v_ours, X, method=name), theirs.apply(v_theirs, X, method=name))
-  assert type(ours)._compact_name_scope_methods == ('down', 'up')
+  def build(lib):
+    model, method = make(lib, call_kind)
+    variables = model.init(KEY, X, method=method)
+    return (variables, model.apply(variables, X, method=method),
+            [model.apply(variables, X, method=name) for name in ('up', 'down')])  # on their own
+  variables = check_linen_parity(build)[0][0]
+  assert {'up', 'down', 'shared'} <= set(variables['params'])
+  assert type(make(nn, call_kind)[0])._compact_name_scope_methods == ('down', 'up')
 
 
 @pytest.mark.parametrize('transform', ['jit', 'remat', 'vmap'])

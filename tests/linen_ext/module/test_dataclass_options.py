@@ -131,12 +131,6 @@ def test_perturb_of_a_pytree_and_its_gradient_as_flax():
                                 _perturbed(flax_nn).apply({'params': ours['params']}, X))
 
 
-def test_perturb_with_a_perturbations_collection_that_lacks_the_value():
-  variables = _perturbed(nn).init(KEY, X)
-  with pytest.raises(errors.MissingPerturbationError, match=r'missing perturbation variable pair \(perturb\("pair"\)'):
-    _perturbed(nn).apply({'params': variables['params'], 'perturbations': {}}, X)
-
-
 def test_repr_as_flax_without_running_setup():
   def make(lib):
     class Mlp(lib.Module):

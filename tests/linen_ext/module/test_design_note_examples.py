@@ -11,6 +11,7 @@ from jax import numpy as jnp
 from jax import random
 
 import linen_ext as nn
+from tests.helpers import assert_trees_close
 
 
 class MLP(nn.Module):
@@ -78,18 +79,13 @@ def test_naive_vmap_fails_with_a_clear_error():
     NaiveVmapMLP().init(random.PRNGKey(0), xs)
 
 
-def test_manual_vmap_shapes_as_printed():
-  variables = ManualVmapMLP().init(random.PRNGKey(0), xs)
-  assert jax.tree_util.tree_map(jnp.shape, variables['params']) == SHAPES
-
-
-def test_linen_vmap_equals_the_manual_functionalization():
+def test_manual_and_linen_vmap_shapes_as_printed_and_equal_outputs():
+  manual = ManualVmapMLP().init(random.PRNGKey(0), xs)
+  assert jax.tree_util.tree_map(jnp.shape, manual['params']) == SHAPES
   variables = LinenVmapMLP().init(random.PRNGKey(0), xs)
   assert jax.tree_util.tree_map(jnp.shape, variables['params']) == SHAPES
-  manual = ManualVmapMLP().init(random.PRNGKey(0), xs)
-  y_manual = ManualVmapMLP().apply(manual, xs)
-  y = LinenVmapMLP().apply({'params': manual['params']}, xs)
-  assert jnp.allclose(y, y_manual)
+  assert_trees_close(LinenVmapMLP().apply({'params': manual['params']}, xs),
+                     ManualVmapMLP().apply(manual, xs), depth=2)
 
 
 def test_linen_stateful_vmap():

@@ -117,20 +117,75 @@ def _plain(fn, setup=lambda m: None):
   return Model()
 
 
+def _module(name, fields=None, **methods):
+  """A Module class made by ``type``: ``fields`` annotations, then the given methods."""
+  return type(name, (nn.Module,), {'__annotations__': fields or {}, **methods})
+
+
+class _Reading:
+  def __get__(self, obj, objtype=None):
+    return obj.missing_attribute
+
+
+class _Field(nn.Module):
+  not_callable: int = 1
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(2)(x)
+
+
+def _set_frozen():
+  class Setter(_Field):
+    def __call__(self, x):
+      self.not_callable = 2
+  Setter().apply({}, X)
+
+
+def _perturb_missing(perturbations):
+  return _compact(nn, lambda m, nn, x: m.perturb('h', x)).apply({'perturbations': perturbations}, X)
+
+
+def _branches(transform):
+  def call(m, nn, x):
+    dense = [nn.Dense(2, name=f'd{i}') for i in range(2)]
+    fns = [lambda mdl, x, i=i: mdl[i](x) for i in range(2)]
+    if transform == 'cond':
+      return nn.cond(True, fns[0], fns[1], dense, x)
+    return nn.switch(1, fns, dense, x)
+  return _compact(nn, call).init(KEY, X)
+
+
 ENTRY = r'`{}` got .* called on a Module class.*MyModule\(...\)\.{}'
+UNBOUND = "^Can't {} on unbound modules"  # Flax's phrase leads (ported tests match on it)
+OUTSIDE = r'^{} must be initialized in `setup\(\)` or in a method wrapped in `@compact` \({}\w* "w"\).*Fix'
+# (misuse, our class, what our message says, Flax classes the error also is)
 MISUSE = {
     'compact call unbound': (lambda: Mlp()(X), errors.UnboundModuleError,
-                             r'unbound module `Mlp`.*init\(key, x\)'),
-    'variables unbound': (lambda: Mlp().variables, errors.UnboundModuleError, 'Reading `variables`'),
-    'make_rng unbound': (lambda: Mlp().make_rng('dropout'), errors.UnboundModuleError, 'make_rng'),
+                             UNBOUND.format('call compact methods') +
+                             r'.*unbound module `Mlp`.*init\(key, x\)',
+                             flax_errors.CallCompactUnboundModuleError),
+    'variables unbound': (lambda: Mlp().variables, errors.UnboundModuleError,
+                          'Reading `variables`', ValueError),
+    'make_rng unbound': (lambda: Mlp().make_rng('dropout'), errors.UnboundModuleError,
+                         UNBOUND.format('use RNGs') + '.*make_rng'),
+    'has_rng unbound': (lambda: Mlp().has_rng('dropout'), errors.UnboundModuleError,
+                        UNBOUND.format('query for RNGs')),
     'unbind unbound': (lambda: Mlp().unbind(), errors.UnboundModuleError, 'unbind'),
     'share_scope unbound': (lambda: nn.share_scope(Mlp(), Mlp()), errors.UnboundModuleError,
                             'share_scope.*`Mlp`'),
     'submodule named as a param': (lambda: _compact(nn, lambda m, nn, x: (
         m.param('a', nn.initializers.zeros, (3,)), nn.Dense(2, name='a')(x))).init(KEY, X),
                                    errors.NameInUseError, 'submodule "a"'),
+    'missing param': (lambda: _compact(nn, lambda m, nn, x: x * m.param(
+        'scale', nn.initializers.ones, ())).apply({'params': {'other': 1.0}}, X),
+                      lift_errors.MissingParamError, '"scale".*Fix',
+                      flax_errors.ScopeParamNotFoundError),
     'attribute set outside setup': (lambda: _plain(lambda m, x: setattr(m, 'cache', x)).init(
         KEY, X), errors.FrozenModuleError, r"Can't set cache=.*Model.*frozen.*clone\(cache="),
+    'field set outside setup': (_set_frozen, errors.FrozenModuleError,
+                                "^Can't set not_callable=2 for Module of type Setter: Module "
+                                'instance is frozen outside of setup method'),
     'setup assigns a field': (lambda: _plain(lambda m, x: x, lambda m: setattr(m, 'features', 3)
                                              ).init(KEY, X),
                               errors.SetupFieldAssignmentError, '"features"'),
@@ -140,13 +195,24 @@ MISUSE = {
     'submodule in a private method': (lambda: _plain(lambda m, x: m._helper(x)).init(KEY, X),
                                       errors.SubmoduleOutsideSetupError,
                                       r'Submodule Dense must.*`Model`.*@nn.compact'),
+    'param in a plain method': (lambda: _plain(lambda m, x: x * m.param(
+        'w', nn.initializers.ones, (3,))).init(KEY, X), errors.SubmoduleOutsideSetupError,
+                                OUTSIDE.format('Parameters', 'param')),
+    'variable in a plain method': (lambda: _plain(lambda m, x: x * m.variable(
+        'state', 'w', jnp.ones, (3,)).value).init(KEY, X), errors.SubmoduleOutsideSetupError,
+                                   OUTSIDE.format('Variables', 'variable')),
     'invalid parent': (lambda: Mlp(parent=3), errors.InvalidParentError, 'parent must be None'),
     'missing method': (lambda: Mlp().apply({}, X, method='missing'), errors.InvalidMethodError,
                        '"Mlp" object has no attribute "missing"'),
     'method not taking the module': (lambda: Mlp().apply({}, X, method=lambda: True),
                                      errors.InvalidMethodError, 'a function taking the module first'),
+    'method not callable': (lambda: _Field().apply({}, X, method='not_callable'),
+                            errors.MethodNotCallableError,
+                            "^'_Field.not_callable' must be a callable, got <class 'int'>"),
+    'method not a function': (lambda: _Field().apply({}, X, method=3), errors.InvalidMethodError,
+                              r'^Cannot call apply\(\): 3 is not'),
     'init on the class': (lambda: Mlp.init(KEY, X), errors.InvalidInstanceModuleError,
-                          ENTRY.format('init', 'init')),
+                          ENTRY.format('init', 'init'), flax_errors.InvalidInstanceModuleError),
     'init_with_output on the class': (lambda: Mlp.init_with_output(KEY, X),
                                       errors.InvalidInstanceModuleError,
                                       ENTRY.format('init_with_output', 'init_with_output')),
@@ -154,24 +220,72 @@ MISUSE = {
                            ENTRY.format('apply', 'apply')),
     'bind on the class': (lambda: Mlp.bind({}, X), errors.InvalidInstanceModuleError,
                           ENTRY.format('bind', 'bind')),
+    'rngs not a key': (lambda: _Field().init('test', X), lift_errors.InvalidRngsError,
+                       r'^RNGs should be of shape \(2,\) or PRNGKey in Module _Field, but rngs '
+                       'are: test'),
+    'rngs dict of non-keys': (lambda: _Field().init({'params': 'test'}, X),
+                              lift_errors.InvalidRngsError, '^First argument passed to an init '
+                              'function should be a ``jax.PRNGKey``'),
+    'perturbation missing': (lambda: _perturb_missing({'other': X}),
+                             errors.MissingPerturbationError, '^Perturbation collection '
+                             r'perturbations present, but missing perturbation variable h \(perturb'
+                             r'\("h"\)'),
+    'perturbation collection empty': (lambda: _perturb_missing({}),
+                                      errors.MissingPerturbationError,
+                                      r'missing perturbation variable h \(perturb\("h"\)'),
+    'hash of a bound module': (lambda: _compact(nn, lambda m, nn, x: hash(m)).apply({}, X),
+                               TypeError,
+                               "^Can't call __hash__ on modules that hold variables: Model"),
+    'value for a variable init fn': (lambda: _compact(nn, lambda m, nn, x: x + m.variable(
+        'stats', 'n', 0).value).init(KEY, X), lift_errors.InitFnError,
+                                     r'variable\("n"\) in collection "stats" at "/".*0 \(int\).*'
+                                     r"Fix: pass a function, e\.g\. variable\('stats', 'n', "
+                                     r'lambda: 0\)'),
+    'value for a param init fn': (lambda: _compact(nn, lambda m, nn, x: x * m.param(
+        'w', jnp.ones(2))).init(KEY, X), TypeError,
+                                  r'param\("w"\) in collection "params" at "/".*not callable'),
+    'reserved field name': (lambda: _module('Model', {'name': str}), errors.ReservedNameError,
+                            '"name"'),
+    'post_init without super': (lambda: _module(
+        'Scaled', {'scale': float}, __post_init__=lambda self: None,
+        __call__=nn.compact(lambda self, x: x))(3.0).init(KEY, X),
+                                errors.IncorrectPostInitOverrideError,
+                                r'`Scaled.__post_init__`.*super\(\).__post_init__\(\)'),
+    'property raising AttributeError': (lambda: _module(
+        'Model', derived=property(lambda self: self.missing_attribute),
+        __call__=lambda self: self.derived)().apply({}), errors.DescriptorAttributeError,
+                                        r'`Model.derived`, a property'),
+    'descriptor raising AttributeError': (lambda: _module(
+        'Model', derived=_Reading(), __call__=lambda self: self.derived)().apply({}),
+                                          errors.DescriptorAttributeError,
+                                          r'`Model.derived`, a property'),
+    'empty Sequential': (lambda: _compact(nn, lambda m, nn, x: nn.Sequential([], name='body')(
+        x)).init(KEY, X), ValueError, r'Empty Sequential module at "/body".*Fix'),
+    'cond given a list of modules': (lambda: _branches('cond'), errors.NotAModuleError,
+                                     r'`nn.cond`.*list of Dense, Dense.*self'),
+    'no __call__ in apply': (lambda: _module('NoCall', {'a': int})(1).apply({}),
+                             errors.InvalidMethodError, '__call__'),
+    'no __call__ in init': (lambda: _module('NoCall', {'a': int})(1).init(KEY),  # as Flax's
+                            AttributeError, '"NoCall" object has no attribute "__call__"'),
+    'setup attribute of an unbound module': (lambda: _module(
+        'Model', setup=lambda self: setattr(self, 'dense', nn.Dense(3)))().dense, AttributeError,
+                                             'only exists inside `init`/`apply`'),
+    'switch given a list of modules': (lambda: _branches('switch'), errors.NotAModuleError,
+                                       r'`nn.switch`.*list of Dense, Dense.*self'),
 }
 
 
 @pytest.mark.parametrize('case', list(MISUSE))
 def test_misuse_raises_a_module_error_naming_the_culprit(case):
-  misuse, error, message = MISUSE[case]
-  with pytest.raises(error, match=message):
+  """Our class (a Flax class too where listed: code catching Flax's keeps working)."""
+  misuse, error, message, *flax_classes = MISUSE[case]
+  with pytest.raises(error, match=message) as info:
     misuse()
+  assert all(isinstance(info.value, cls) for cls in flax_classes), type(info.value).__mro__
 
 
 def test_module_errors_are_lift_errors():
   assert issubclass(errors.ModuleError, LiftError)
-
-
-def test_reserved_field_names():
-  with pytest.raises(errors.ReservedNameError, match='"name"'):
-    class Model(nn.Module):  # noqa: F841
-      name: str
 
 
 def test_lazy_init_names_the_input_the_variables_read():
@@ -203,182 +317,3 @@ def test_using_a_submodule_after_apply_returned():
   with pytest.raises(InvalidScopeError):
     _ = leaked[0].variables
   assert variables['params']['Dense_0']['kernel'].shape == (3, 2)
-
-
-def test_post_init_override_without_super():
-  class Scaled(nn.Module):
-    scale: float
-
-    def __post_init__(self):
-      self.squared = self.scale ** 2  # forgot super().__post_init__()
-
-    @nn.compact
-    def __call__(self, x):
-      return x
-
-  with pytest.raises(errors.IncorrectPostInitOverrideError,
-                     match=r'`Scaled.__post_init__`.*super\(\).__post_init__\(\)'):
-    Scaled(3.0).init(KEY, X)
-
-
-class _Reading:
-  def __get__(self, obj, objtype=None):
-    return obj.missing_attribute
-
-
-@pytest.mark.parametrize('kind', ['property', 'descriptor'])
-def test_a_property_raising_attribute_error_is_named(kind):
-  class Model(nn.Module):
-    if kind == 'property':
-      @property
-      def derived(self):
-        return self.missing_attribute
-    else:
-      derived = _Reading()
-
-    def __call__(self):
-      return self.derived
-
-  with pytest.raises(errors.DescriptorAttributeError, match=r'`Model.derived`, a property'):
-    Model().apply({})
-
-
-def test_empty_sequential_names_its_path():
-  class Model(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      return nn.Sequential([], name='body')(x)
-
-  with pytest.raises(ValueError, match=r'Empty Sequential module at "/body".*Fix'):
-    Model().init(KEY, X)
-
-
-def test_errors_are_also_flax_errors_where_flax_has_one():
-  """Code that catches Flax's error classes keeps working; the message stays ours."""
-  class Scale(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      return x * self.param('scale', nn.initializers.ones, ())
-
-  with pytest.raises(flax_errors.ScopeParamNotFoundError, match='Fix'):
-    Scale().apply({'params': {'other': 1.0}}, X)
-  with pytest.raises(flax_errors.CallCompactUnboundModuleError):
-    Mlp()(X)
-  with pytest.raises(flax_errors.InvalidInstanceModuleError):
-    Mlp.init(KEY, X)
-  with pytest.raises(ValueError, match='unbound'):
-    Mlp().variables
-
-
-@pytest.mark.parametrize('transform', ['cond', 'switch'])
-def test_function_transform_given_a_list_of_modules(transform):
-  class Branches(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      dense = [nn.Dense(2, name=f'd{i}') for i in range(2)]
-      fns = [lambda mdl, x, i=i: mdl[i](x) for i in range(2)]
-      if transform == 'cond':
-        return nn.cond(True, fns[0], fns[1], dense, x)
-      return nn.switch(1, fns, dense, x)
-
-  with pytest.raises(errors.NotAModuleError, match=rf'`nn.{transform}`.*list of Dense, Dense.*self'):
-    Branches().init(KEY, X)
-
-
-@pytest.mark.parametrize('kind', ['param', 'variable'])
-def test_variable_outside_setup_or_compact_starts_with_flax_phrase(kind):
-  class Model(nn.Module):
-    def __call__(self, x):
-      if kind == 'param':
-        return x * self.param('w', nn.initializers.ones, (3,))
-      return x * self.variable('state', 'w', jnp.ones, (3,)).value
-
-  phrase = {'param': 'Parameters', 'variable': 'Variables'}[kind]
-  with pytest.raises(errors.SubmoduleOutsideSetupError,
-                     match=rf'^{phrase} must be initialized in `setup\(\)` or in a method '
-                           rf'wrapped in `@compact` \({kind}\w* "w"\).*Fix'):
-    Model().init(KEY, X)
-
-
-class _Field(nn.Module):
-  not_callable: int = 1
-
-  @nn.compact
-  def __call__(self, x):
-    return nn.Dense(2)(x)
-
-
-def _set_frozen():
-  class Setter(_Field):
-    def __call__(self, x):
-      self.not_callable = 2
-  Setter().apply({}, X)
-
-
-def _perturb_missing():
-  class Perturbed(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      return self.perturb('h', x)
-  Perturbed().apply({'perturbations': {'other': X}}, X)
-
-
-# Flax's own message (what ported tests match on) leads ours; each case fails without it.
-FLAX_PHRASES = {
-    'unbound compact': (lambda: _Field()(X), "^Can't call compact methods on unbound modules"),
-    'unbound make_rng': (lambda: _Field().make_rng('dropout'), "^Can't use RNGs on unbound modules"),
-    'unbound has_rng': (lambda: _Field().has_rng('dropout'),
-                        "^Can't query for RNGs on unbound modules"),
-    'frozen': (_set_frozen, "^Can't set not_callable=2 for Module of type Setter: Module instance "
-                            "is frozen outside of setup method"),
-    'method not callable': (lambda: _Field().apply({}, X, method='not_callable'),
-                            "^'_Field.not_callable' must be a callable, got <class 'int'>"),
-    'bad method': (lambda: _Field().apply({}, X, method=3), r'^Cannot call apply\(\): 3 is not'),
-    'module rngs': (lambda: _Field().init('test', X),
-                    r'^RNGs should be of shape \(2,\) or PRNGKey in Module _Field, but rngs '
-                    'are: test'),
-    'init rngs dict': (lambda: _Field().init({'params': 'test'}, X),
-                       '^First argument passed to an init function should be a ``jax.PRNGKey``'),
-    'perturbation': (_perturb_missing, '^Perturbation collection perturbations present, but '
-                                       'missing perturbation variable h'),
-}
-
-
-@pytest.mark.parametrize('name', list(FLAX_PHRASES))
-def test_messages_lead_with_flax_phrase(name):
-  misuse, phrase = FLAX_PHRASES[name]
-  with pytest.raises(errors.LiftError, match=phrase):
-    misuse()
-
-
-def test_hashing_a_bound_module_leads_with_flax_phrase():
-  class Hashes(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      return hash(self)
-
-  with pytest.raises(TypeError, match=r"^Can't call __hash__ on modules that hold variables: Hashes"):
-    Hashes().apply({}, X)
-
-
-def test_a_value_where_an_init_function_belongs():
-  from lift.errors import InitFnError
-
-  class Counter(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      count = self.variable('stats', 'n', 0)
-      return x + count.value
-
-  with pytest.raises(InitFnError, match=r'variable\("n"\) in collection "stats" at "/".*'
-                                        r"0 \(int\).*Fix: pass a function, e\.g\. "
-                                        r"variable\('stats', 'n', lambda: 0\)"):
-    Counter().init(jax.random.key(0), jnp.ones(2))
-
-  class Weight(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      return x * self.param('w', jnp.ones(2))
-
-  with pytest.raises(TypeError, match=r'param\("w"\) in collection "params" at "/".*not callable'):
-    Weight().init(jax.random.key(0), jnp.ones(2))

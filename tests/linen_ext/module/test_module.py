@@ -17,7 +17,6 @@ import pytest
 from flax.core import FrozenDict
 
 import linen_ext as nn
-from linen_ext import errors
 from tests.helpers import assert_trees_equal, check_linen_parity
 
 KEY = jax.random.key(0)
@@ -35,115 +34,13 @@ def init_apply(make, *args):
   return check_linen_parity(build)[0][0]
 
 
-def test_auto_names_and_explicit_names():
-  def make(nn):
-    class Model(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        x = nn.Dense(3, name='middle')(nn.Dense(3)(x))
-        return nn.LayerNorm()(nn.Dense(2)(x))
-    return Model
-
-  assert set(init_apply(make, X)['params']) == {'Dense_0', 'middle', 'Dense_1', 'LayerNorm_0'}
-
-
-def test_setup_lists_dicts_tuples_and_explicit_names_are_named_like_flax():
-  def make(nn):
-    class Block(nn.Module):
-      features: int = 3
-
-      @nn.compact
-      def __call__(self, x):
-        return nn.Dense(self.features)(x)
-
-    class Model(nn.Module):
-      def setup(self):
-        self.layers = [Block(), Block()]
-        self.heads = {'a': nn.Dense(1), 'b': [Block(2), Block(1)]}
-        self.pair = (Block(1),)
-        self.proj = Block(2, name='custom')
-
-      def __call__(self, x):
-        for layer in self.layers:
-          x = layer(x)
-        return [self.heads['a'](x), *(m(x) for m in self.heads['b']), self.pair[0](x),
-                self.proj(x)]
-    return Model
-
-  assert set(init_apply(make, X)['params']) == {'layers_0', 'layers_1', 'heads_a', 'heads_b_0',
-                                                'heads_b_1', 'pair_0', 'custom'}
-
-
-def test_shared_submodule_and_repeated_compact_calls_reuse_variables():
+def test_compact_names_explicit_shared_passed_in_and_copied_like_flax():
   def make(nn):
     class Inner(nn.Module):
       @nn.compact
       def __call__(self, x):
         return nn.Dense(4)(x)
 
-    class Model(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        shared, block, inner = nn.Dense(4), nn.Dense(4, name='block'), Inner()
-        return block(shared(shared(x))) + block(x) + inner(inner(x))
-    return Model
-
-  variables = init_apply(make, X)
-  assert set(variables['params']) == {'Dense_0', 'block', 'Inner_0'}
-  assert set(variables['params']['Inner_0']) == {'Dense_0'}  # auto names restart per call
-
-
-def test_outside_modules_are_adopted_under_the_field_name_and_stay_shared():
-  def make(nn):
-    class A(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        return nn.Dense(2)(x)
-
-    class Holder(nn.Module):
-      left: nn.Module
-      right: nn.Module = None
-      layers: dict = None
-
-      def __call__(self, x):
-        y = self.left(x) + (self.right(x) if self.right else 0)
-        return y + sum(layer(x) for layer in (self.layers or {}).values())
-
-    shared, a = nn.Dense(2), A()
-    # Flax walks a field's dicts in sorted key order: {'foo': a, 'bar': a} adopts a as A_bar.
-    return lambda: Holder(shared, shared, {'foo': a, 'bar': a, 'zed': A()})
-
-  assert set(init_apply(make, X)['params']) == {'left', 'layers_bar', 'layers_zed'}
-
-
-def test_module_fields_that_are_modules_in_tuples_shared_and_adopted():
-  def build(nn):
-    class Block(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        return nn.Dense(2)(x)
-
-    class Holder(nn.Module):
-      sub: nn.Module
-      subs: tuple = ()
-
-      @nn.compact
-      def __call__(self, x):
-        return self.sub(x) + Block()(x) + sum(sub(x) for sub in self.subs)
-
-    class Model(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        shared = Block()
-        return (Holder(Block(), (Block(), shared))(x) + shared(x)
-                + Holder(sub=shared, name='h2')(x))
-
-    return Model().init_with_output(KEY, X), Holder(Block()).init_with_output(KEY, X)
-  check_linen_parity(build)
-
-
-def test_module_created_in_parent_and_passed_to_child_lives_at_the_parent():
-  def make(nn):
     class Child(nn.Module):
       inner: nn.Module
 
@@ -154,38 +51,96 @@ def test_module_created_in_parent_and_passed_to_child_lives_at_the_parent():
     class Model(nn.Module):
       @nn.compact
       def __call__(self, x):
-        return Child(nn.Dense(4))(x, nn.Dense(4, name='arg'))
+        x = nn.Dense(4, name='middle')(nn.Dense(4)(x))  # an explicit name takes no number
+        shared, block, inner = nn.Dense(4), nn.Dense(4, name='block'), Inner()
+        x = block(shared(shared(x))) + block(x) + inner(inner(x))
+        x = Child(nn.Dense(4))(x, nn.Dense(4, name='arg'))  # made here: they live here
+        fresh, named = shared.copy(), shared.copy(name='named', features=5)
+        return nn.LayerNorm()(nn.Dense(2)(x + fresh(x))), named(x).sum()
     return Model
 
-  variables = init_apply(make, X)
-  assert set(variables['params']) == {'Dense_0', 'arg', 'Child_0'}
-  assert set(variables['params']['Child_0']) == {'Dense_0'}
+  variables = init_apply(make, X)['params']
+  assert set(variables) == {'Dense_0', 'middle', 'Dense_1', 'block', 'Inner_0', 'Dense_2', 'arg',
+                            'Child_0', 'Dense_3', 'named', 'Dense_4', 'LayerNorm_0'}
+  assert set(variables['Inner_0']) == set(variables['Child_0']) == {'Dense_0'}  # per call
+  assert nn.Dense(3, name='a').copy(name='b').name == 'b'
+  assert nn.Dense(3, name='a').copy().name is None
 
 
-def test_nowrap_helper_and_setup_params_nest_in_compact_modules():
+def test_setup_lists_dicts_tuples_nowrap_helpers_and_explicit_names_are_named_like_flax():
   def make(nn):
     class Block(nn.Module):
-      features: int
+      features: int = 3
 
+      @nn.compact
+      def __call__(self, x):
+        return nn.Dense(self.features)(x)
+
+    class Model(nn.Module):
       @nn.nowrap
       def make_layer(self, n):
         return nn.Dense(n)
 
       def setup(self):
-        self.scale = self.param('scale', nn.initializers.ones, (self.features,))
-        self.first, self.second = self.make_layer(3), self.make_layer(self.features)
+        self.layers = [Block(), Block()]
+        self.heads = {'a': nn.Dense(1), 'b': [Block(2), Block(1)]}
+        self.pair = (Block(1),)
+        self.proj = Block(2, name='custom')
+        self.scale = self.param('scale', nn.initializers.ones, (3,))
+        self.first = self.make_layer(3)
 
       def __call__(self, x):
-        return self.second(self.first(x)) * self.scale[None]
+        for layer in self.layers:
+          x = layer(x)
+        x = self.first(x) * self.scale[None]
+        return [self.heads['a'](x), *(m(x) for m in self.heads['b']), self.pair[0](x),
+                self.proj(x)]
+
+    class Outer(nn.Module):  # setup modules nest in a compact one
+      @nn.compact
+      def __call__(self, x):
+        x = x + self.param('bias', nn.initializers.normal(0.1), (4,))[None]
+        return Model()(x), Model(name='last')(x)
+    return Outer
+
+  params = init_apply(make, X)['params']
+  assert set(params) == {'bias', 'Model_0', 'last'}
+  assert set(params['last']) == {'layers_0', 'layers_1', 'heads_a', 'heads_b_0', 'heads_b_1',
+                                 'pair_0', 'custom', 'scale', 'first'}
+
+
+def test_module_fields_in_tuples_and_dicts_are_adopted_under_the_field_name_and_shared():
+  def build(nn):
+    class Block(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return nn.Dense(2)(x)
+
+    class Holder(nn.Module):
+      sub: nn.Module
+      subs: tuple = ()
+      layers: dict = None
+
+      @nn.compact
+      def __call__(self, x):
+        return (self.sub(x) + Block()(x) + sum(sub(x) for sub in self.subs)
+                + sum(layer(x) for layer in (self.layers or {}).values()))
 
     class Model(nn.Module):
       @nn.compact
       def __call__(self, x):
-        x = Block(4)(x) + self.param('bias', nn.initializers.normal(0.1), (4,))[None]
-        return Block(2, name='last')(x)
-    return Model
+        shared = Block()
+        return (Holder(Block(), (Block(), shared))(x) + shared(x)
+                + Holder(sub=shared, name='h2')(x))
 
-  assert set(init_apply(make, X)['params']['last']) == {'scale', 'first', 'second'}
+    y, variables = Holder(Block()).init_with_output(KEY, X)
+    shared, a = nn.Dense(2), Block()
+    # Flax walks a field's dicts in sorted key order: {'foo': a, 'bar': a} adopts a as layers_bar.
+    outside = Holder(shared, (shared,), {'foo': a, 'bar': a, 'zed': Block()}).init(KEY, X)
+    assert set(outside['params']) == {'sub', 'Block_0', 'layers_bar', 'layers_zed'}
+    return (Model().init_with_output(KEY, X), y, variables, outside,
+            Holder(Block()).apply(variables, X, method='sub'))  # `method=` names a field
+  check_linen_parity(build)
 
 
 def test_sow_reduce_and_init_fns_get_and_put_variable_and_mode_queries():
@@ -263,13 +218,22 @@ def test_module_api_tour_matches_flax():
     sv = {c: v[c]['SetupM_0'] for c in ('params', 'state')}
     bound = SetupM().bind(sv, mutable=['state'])
     module, unbound = bound.unbind()
+    assert module.scope is None and unbound == sv
+    assert bound.a.variables == {'params': sv['params']['a']}
+    assert_trees_equal(bound(x), SetupM().apply(sv, x, mutable=['state'])[0])
+    assert Sub().clone() == Sub()
+    fresh = SetupM().bind({}, rngs={'params': KEY}, mutable=True)  # creates variables
+    fresh.sow('intermediates', 'y', fresh(x))
     return (y, v, M().apply(stored, x, rngs={'dropout': KEY},
                             mutable=['intermediates', 'cache', 'state']),
             M().apply(stored, x, rngs=KEY, mutable=True)[0][0],
             SetupM().apply(sv, x, method='other'), SetupM().apply(sv, x, method=SetupM.other),
-            SetupM().helper(), bound(x), bound.variables, type(module).__name__,
-            module.scope is None, unbound, Sub(2).clone(feat=5).feat,
-            [f.name for f in dataclasses.fields(Sub)], Sub(name='x').name, Sub().parent is None)
+            SetupM().helper(), bound(x), bound.other(x), bound.w, bound.variables,
+            bound.a.variables, type(module).__name__, unbound, module.apply(unbound, x,
+                                                                            mutable=True),
+            Sub(2).clone(feat=5).feat, Sub(2).clone(feat=5).init(KEY, x), Sub(name='x').clone().name,
+            bound.a.clone().name, fresh.variables, [f.name for f in dataclasses.fields(Sub)],
+            Sub(name='x').name, Sub().parent is None)
   check_linen_parity(build)
 
 
@@ -350,73 +314,7 @@ def test_capture_intermediates_of_flax_layer_internals():
                      capture_intermediates=lambda m, n: type(m).__name__ == 'Dense')))
 
 
-def test_apply_method_names_a_submodule_field_as_flax():
-  def build(nn):
-    class Foo(nn.Module):
-      bar: nn.Module
-
-      @nn.compact
-      def __call__(self, x):
-        return self.bar(x) * 2
-
-    variables = Foo(nn.Dense(3)).init(KEY, X)
-    return variables, Foo(nn.Dense(3)).apply(variables, X, method='bar')
-  check_linen_parity(build)
-
-
-def test_module_without_call_is_an_error_in_apply_and_init():
-  class NoCall(nn.Module):
-    a: int = 0
-
-  with pytest.raises(errors.InvalidMethodError, match='__call__'):
-    NoCall(1).apply({})
-  with pytest.raises(AttributeError, match='"NoCall" object has no attribute "__call__"'):
-    NoCall(1).init(KEY)  # an AttributeError, as Flax's
-
-
 # -- bind, clone, dataclass fields, inheritance ---------------------------------------------
-
-
-def test_bind_unbind_clone_and_setup_attributes():
-  def build(nn):
-    class Model(nn.Module):
-      features: int = 3
-
-      def setup(self):
-        self.dense = nn.Dense(self.features)
-        self.p = self.param('p', nn.initializers.ones, (2,))
-        self.v = self.variable('state', 'v', jnp.zeros, (2,))
-
-      def __call__(self, x):
-        return self.dense(x), self.p, self.v.value
-
-      def enc(self, x):
-        return self.dense(x)
-
-    variables = Model().init(KEY, X)
-    bound = Model().bind(variables)
-    module, unbound_vars = bound.unbind()
-    assert module.scope is None and unbound_vars == variables
-    assert_trees_equal(bound(X), Model().apply(variables, X))
-    assert bound.dense.variables == {'params': variables['params']['dense']}
-    clone = Model().clone(features=5)
-    assert Model().clone() == Model()
-    fresh = Model().bind({}, rngs={'params': KEY}, mutable=True)  # creates variables
-    y = fresh(X)
-    fresh.sow('intermediates', 'y', y)
-    return (variables, bound.enc(X), bound.p, bound.variables, bound.dense.variables,
-            unbound_vars, module.apply(unbound_vars, X), clone.init(KEY, X), clone.features,
-            Model(name='x').clone().name, bound.dense.clone().name, y, fresh.variables)
-  check_linen_parity(build)
-
-
-def test_setup_attributes_exist_only_when_bound():
-  class Model(nn.Module):
-    def setup(self):
-      self.dense = nn.Dense(3)
-
-  with pytest.raises(AttributeError, match='only exists inside `init`/`apply`'):
-    _ = Model().dense
 
 
 def test_dataclass_field_defaults_and_post_init():
@@ -525,7 +423,7 @@ def test_module_attributes_are_frozen_like_flax():
 # -- rngs, dtypes, flags and names under transforms ----------------------------------------
 
 
-def test_rngs_drawn_in_setup_methods_and_repeated_calls():
+def test_rngs_drawn_in_setup_methods_repeated_calls_dropout_and_legacy_keys():
   def build(nn):
     class Sub(nn.Module):
       def setup(self):
@@ -547,16 +445,7 @@ def test_rngs_drawn_in_setup_methods_and_repeated_calls():
         return (self.s(x), self.s(x), self.s.other(), self.t[1].other(), self.t[0](x),
                 jax.random.normal(self.make_rng('noise'), (2,)))
 
-    y, variables = Model().init_with_output(RNGS, X)
-    again = Model().apply(variables, rngs=RNGS,
-                          method=lambda m: (m.s.other(), m.s.other(), m.t[0].other()))
-    return y, variables, Model().apply(variables, X, rngs=RNGS), again
-  check_linen_parity(build)
-
-
-def test_dropout_rng_collection_and_legacy_keys_and_dtypes():
-  def build(nn):
-    class Model(nn.Module):
+    class Drop(nn.Module):  # the dropout rng collection, legacy uint32 keys and dtypes
       @nn.compact
       def __call__(self, x):
         w = self.param('w', nn.initializers.normal(), (4, 2), jnp.bfloat16)
@@ -565,9 +454,13 @@ def test_dropout_rng_collection_and_legacy_keys_and_dtypes():
                 dropout(x), dropout(x),
                 nn.Dropout(0.5, deterministic=False, rng_collection='noise')(x))
 
+    y, variables = Model().init_with_output(RNGS, X)
+    again = Model().apply(variables, rngs=RNGS,
+                          method=lambda m: (m.s.other(), m.s.other(), m.t[0].other()))
     legacy = {name: jax.random.PRNGKey(i) for i, name in enumerate(RNGS)}
-    y, variables = Model().init_with_output(legacy, X)
-    return y, variables, Model().apply(variables, X, rngs=RNGS)
+    y2, v2 = Drop().init_with_output(legacy, X)
+    return (y, variables, Model().apply(variables, X, rngs=RNGS), again, y2, v2,
+            Drop().apply(v2, X, rngs=RNGS))
   check_linen_parity(build)
 
 
@@ -596,7 +489,7 @@ def test_flags_inside_vmap_remat_and_jit():
       make(nn).apply(variables, XS, rngs={'dropout': KEY}, mutable=['stats'])))
 
 
-def test_automatic_names_under_transforms_and_in_setup():
+def test_automatic_names_under_transforms_in_setup_and_decorated_methods():
   def build(nn):
     class Block(nn.Module):
       @nn.compact
@@ -625,14 +518,7 @@ def test_automatic_names_under_transforms_and_in_setup():
           x = layer(x)
         return self.vm(x).sum(0) + self.table['a'](x)
 
-    return (Compact().init_with_output(KEY, X),
-            jax.tree.map(lambda a: (a.shape, a.dtype), Setup().init(KEY, X)))
-  check_linen_parity(build)
-
-
-def test_decorated_compact_methods_vmap_and_scan():
-  def build(nn):
-    class Mapped(nn.Module):
+    class Mapped(nn.Module):  # compact methods decorated by transforms
       @functools.partial(nn.vmap, variable_axes={'params': 0}, split_rngs={'params': True})
       @nn.compact
       def __call__(self, x):
@@ -645,7 +531,9 @@ def test_decorated_compact_methods_vmap_and_scan():
         h = nn.Dense(4)(x) + c
         return h, h
 
-    return (Mapped().init_with_output(KEY, XS),
+    return (Compact().init_with_output(KEY, X),
+            jax.tree.map(lambda a: (a.shape, a.dtype), Setup().init(KEY, X)),
+            Mapped().init_with_output(KEY, XS),
             Scanned().init_with_output(KEY, jnp.zeros((3, 4)), XS))
   check_linen_parity(build)
 
@@ -697,7 +585,7 @@ def test_top_level_name_paths_and_nested_standalone_init():
 def test_linen_ext_imports_no_flax_scope_or_lifting():
   forbidden = ('flax.core.scope', 'flax.core.lift', 'flax.core.axes_scan', 'flax.linen.transforms')
   imported = []
-  for path in sorted(pathlib.Path(nn.__file__).parent.glob('*.py')):
+  for path in sorted(pathlib.Path(nn.__file__).parent.rglob('*.py')):  # subpackages too
     for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, ast.ImportFrom) and node.module:
         imported += [node.module] + [f'{node.module}.{a.name}' for a in node.names]
@@ -709,7 +597,7 @@ def test_linen_ext_imports_no_flax_scope_or_lifting():
 # -- private methods, several compact methods, share_scope, copy (all as Flax) -------------
 
 
-def test_private_methods_are_wrapped_like_flax():
+def test_private_and_several_compact_methods_name_like_flax():
   def make(nn):
     class Model(nn.Module):
       def setup(self):
@@ -723,21 +611,9 @@ def test_private_methods_are_wrapped_like_flax():
         return self.proj(x)
 
       def __call__(self, x):
-        return self._project(self._embed(x)) + self._embed(x)
-    return Model
-
-  variables = init_apply(make, X)
-  assert set(variables['params']) == {'Dense_0', 'proj'}
-  # A private method called on a bound module runs setup first, as a public one does.
-  check_linen_parity(lambda nn: make(nn)().bind(variables)._project(jnp.ones((2, 3))))
-
-
-def test_several_compact_methods_name_like_flax():
-  def make(nn):
-    class Model(nn.Module):
-      def __call__(self, x):
-        # Outermost calls restart the names (Dense_0 twice: shared); nested ones continue.
-        return self.first(x) + self.second(x) + self.nested(x)
+        # Outermost compact calls restart the names (Dense_0 each time: shared); nested ones go on.
+        return (self._project(self._embed(x)) + self._embed(x) + self.first(x) + self.second(x)
+                + self.nested(x))
 
       @nn.compact
       def first(self, x):
@@ -752,7 +628,10 @@ def test_several_compact_methods_name_like_flax():
         return nn.Dense(3)(x) + self.first(x) + self.second(x)
     return Model
 
-  assert set(init_apply(make, X)['params']) == {'Dense_0', 'Dense_1', 'Dense_2'}
+  variables = init_apply(make, X)
+  assert set(variables['params']) == {'Dense_0', 'Dense_1', 'Dense_2', 'proj'}
+  # A private method called on a bound module runs setup first, as a public one does.
+  check_linen_parity(lambda nn: make(nn)().bind(variables)._project(jnp.ones((2, 3))))
 
 
 def test_share_scope_like_flax():
@@ -792,22 +671,6 @@ def test_share_scope_like_flax():
   variables = init_apply(make, X)
   assert set(variables['params']['Wrapped_0']) == {'own', 'sub'}
   assert set(variables['params']['Dense_0']) == {'a', 'kernel', 'bias'}
-
-
-def test_copy_like_flax():
-  def make(nn):
-    class Model(nn.Module):
-      @nn.compact
-      def __call__(self, x):
-        dense = nn.Dense(3)
-        y = dense(x)
-        fresh, named = dense.copy(), dense.copy(name='named', features=5)
-        return y + fresh(x), named(x).sum()
-    return Model
-
-  assert set(init_apply(make, X)['params']) == {'Dense_0', 'Dense_1', 'named'}
-  assert nn.Dense(3, name='a').copy(name='b').name == 'b'
-  assert nn.Dense(3, name='a').copy().name is None
 
 
 # -- functional entry points and lazy_init ----------------------------------------------------
