@@ -222,7 +222,7 @@ def test_scan_with_length_only(split):
                                    length=3), (X,), mutable=False)
 
 
-def test_scan_broadcast_markers_in_and_out():
+def test_scan_broadcast_markers_in_and_out_and_linen_broadcast_input():
   def step(scope, c, x, b):
     w = scope.param('w', jax.nn.initializers.normal(), (3,))
     return c + x * b, ((c * b).sum(), w * 2)
@@ -235,22 +235,19 @@ def test_scan_broadcast_markers_in_and_out():
         lambda M, fn: M.init(fn)(RNGS, X, {'a': jnp.ones((4, 2, 3)), 'b': b}))
   check(lambda L: L.scan(lambda s, c, x, b: (c + x * b, None), in_axes=(0, axes_scan.broadcast)),  # Flax's marker
         lambda M, fn: M.init(fn)(RNGS, X, XS, b))
-  def invariant(s, c, x):
-    w = s.param('w', jax.nn.initializers.normal(), (3, 3))
-    return jnp.tanh(c @ w), jnp.float32(0) if s.is_mutable_collection('params') else w.sum()
-  check(lambda L: lambda s, x: L.scan(invariant, variable_broadcast='params', split_rngs={'params': False},
-                                      out_axes=marker(L), length=3)(s, x, None), lambda M, fn: M.init(fn)(KEY, X))
-
-
-def test_linen_scan_with_a_broadcast_input():
-  def build(nn):
+  def linen(nn):
     class Blk(nn.Module):
       @nn.compact
       def __call__(self, c, xs, ctx):
         return c + nn.Dense(3)(xs) * ctx, c.sum()
     scan = nn.scan(Blk, variable_broadcast='params', split_rngs={'params': False}, in_axes=(0, nn.broadcast))
     return scan(name='s').init_with_output(KEY, jnp.zeros(3), jnp.ones((4, 3)), 2.0)
-  check_linen_parity(build)
+  check_linen_parity(linen)
+  def invariant(s, c, x):
+    w = s.param('w', jax.nn.initializers.normal(), (3, 3))
+    return jnp.tanh(c @ w), jnp.float32(0) if s.is_mutable_collection('params') else w.sum()
+  check(lambda L: lambda s, x: L.scan(invariant, variable_broadcast='params', split_rngs={'params': False},
+                                      out_axes=marker(L), length=3)(s, x, None), lambda M, fn: M.init(fn)(KEY, X))
 
 
 @pytest.mark.parametrize('in_axes, out_axes', [(1, (1, 0)), (0, -1), ((0, 1), 0)])
@@ -352,7 +349,7 @@ def test_checkpoint_on_two_children_with_dropout_and_stats():
   init_then_apply(build, (X,))
 
 
-def test_jit_at_the_root_with_mutable_collections():
+def test_jit_at_the_root_with_mutable_collections_static_argnames_and_backend():
   theirs = init_then_apply(lambda L: flax_style_jit(L, bn), (X,))
   def twice(L):
     j = flax_style_jit(L, bn)
@@ -361,6 +358,9 @@ def test_jit_at_the_root_with_mutable_collections():
   check(lambda L: flax_style_jit(L, lambda s, x: s.variable('stats', 'z', lambda: x.sum()).value, rngs=False),
         lambda M, fn: M.init(fn)({'params': KEY}, X))
   check(lambda L: flax_style_jit(L, _stack, static_argnames='n'), lambda M, fn: M.init(fn)({'params': KEY}, X, n=2, act=None))
+  variables = lift.init(dense)(KEY, X)[1]
+  with pytest.warns(DeprecationWarning, match='backend'):  # JAX's, so the option reached jax.jit
+    assert_trees_equal(lift.apply(lift.jit(dense, backend='cpu'))(variables, X), lift.apply(lift.jit(dense))(variables, X))
 
 
 def _transpose(cols):
@@ -393,19 +393,17 @@ def _cond_model(L):
   return fn
 
 
-def test_cond_init_with_the_first_branch_and_apply():
-  theirs, _ = check(_cond_model, lambda M, fn: M.init(fn)(RNGS, X, True))
-  for pred in [True, False]:
-    check(_cond_model, lambda M, fn: M.apply(fn, mutable='stats')(plain(theirs[1]), X, jnp.array(pred), rngs=DROP))
+BRANCHES = [lambda s, x: s.child(dense, 'd')(x), lambda s, x: 2 * s.child(dense, 'd')(x),
+            lambda s, x: jnp.tanh(s.child(dense, 'd')(x))]
 
 
-def test_switch_init_with_the_first_branch_and_apply():
-  branches = [lambda s, x: s.child(dense, 'd')(x), lambda s, x: 2 * s.child(dense, 'd')(x),
-              lambda s, x: jnp.tanh(s.child(dense, 'd')(x))]
-  build = lambda L: (lambda s, x, i: L.switch(i, branches, s, x))
-  theirs, _ = check(build, lambda M, fn: M.init(fn)(RNGS, X, 0))
-  for i in [0, 1, 2, 7, -3]:
-    check(build, lambda M, fn: M.apply(fn)(plain(theirs[1]), X, jnp.array(i)))
+@pytest.mark.parametrize('build, first, preds', [
+    (_cond_model, True, [True, False]), (lambda L: lambda s, x, i: L.switch(i, BRANCHES, s, x), 0, [0, 1, 2, 7, -3])],
+    ids=['cond', 'switch'])
+def test_init_with_the_first_branch_and_apply(build, first, preds):
+  theirs, _ = check(build, lambda M, fn: M.init(fn)(RNGS, X, first))
+  for pred in preds:
+    check(build, lambda M, fn: M.apply(fn, mutable='stats')(plain(theirs[1]), X, jnp.array(pred), rngs=DROP))
 
 
 @pytest.mark.parametrize('split', [True, False])
@@ -497,15 +495,7 @@ def _custom_dense(L):
   return lambda s, x: cv(s, x) + jax.random.normal(s.make_rng('dropout'), (2, 3))
 
 
-def test_custom_vjp_values_rngs_and_gradients():
-  theirs, _ = check(_custom_dense, lambda M, fn: M.init(fn)(RNGS, X))
-  params = plain(theirs[1])['params']
-  check(_custom_dense, lambda M, fn: M.apply(fn)({'params': params}, X, rngs=RNGS))
-  check(_custom_dense, lambda M, fn: jax.value_and_grad(
-      lambda p, x: M.apply(fn)({'params': p}, x, rngs=RNGS).sum(), argnums=(0, 1))(params, X))
-
-
-def test_custom_vjp_nondiff_argnums_and_grad_vars():
+def test_custom_vjp_values_rngs_gradients_nondiff_argnums_and_grad_vars():
   variables = lift.init(lambda s, x: dense(s.push('d'), x))({'params': KEY}, X)[1]
   def nondiff(L):
     fn = lambda s, x, k: s.child(dense, 'd')(x) * k
@@ -521,6 +511,11 @@ def test_custom_vjp_nondiff_argnums_and_grad_vars():
     return L.custom_vjp(fn, fwd, lambda vjp_fn, g: vjp_fn(g), grad_vars=['params', 'consts'])
   all_vars = {'params': variables['params'], 'consts': {'c': jnp.float32(2.0)}}
   check(grad_vars, lambda M, fn: jax.grad(lambda v, x: M.apply(fn)(v, x).sum(), argnums=(0, 1))(all_vars, X))
+  theirs, _ = check(_custom_dense, lambda M, fn: M.init(fn)(RNGS, X))  # values, rngs and gradients
+  params = plain(theirs[1])['params']
+  check(_custom_dense, lambda M, fn: M.apply(fn)({'params': params}, X, rngs=RNGS))
+  check(_custom_dense, lambda M, fn: jax.value_and_grad(
+      lambda p, x: M.apply(fn)({'params': p}, x, rngs=RNGS).sum(), argnums=(0, 1))(params, X))
 
 
 # -- what every transform shares: untransformed params, scope trees, nesting, mutability -------------
@@ -655,9 +650,3 @@ def test_unlifted_collection_is_immutable_inside(name):
   check(build, lambda M, fn: M.apply(fn, mutable='intermediates')(plain(theirs[1]), XB))
   with pytest.raises(errors.UnliftedCollectionError, match=f'"intermediates" is immutable inside the lifted `{name}`'):
     lift.apply(build(lift, guarded=False), mutable='intermediates')(plain(theirs[1]), XB)
-
-
-def test_jit_backend_reaches_jax_jit():
-  variables = lift.init(dense)(KEY, X)[1]
-  with pytest.warns(DeprecationWarning, match='backend'):  # JAX's, so the option reached jax.jit
-    assert_trees_equal(lift.apply(lift.jit(dense, backend='cpu'))(variables, X), lift.apply(lift.jit(dense))(variables, X))

@@ -11,7 +11,7 @@ from jax import lax
 
 import lift
 from lift import errors
-from tests.helpers import assert_trees_close, counter, dense
+from tests.helpers import assert_trees_close, assert_trees_equal, counter, dense
 from tests.lift.test_flax_core_parity import check
 
 KEY = jax.random.key(0)
@@ -30,26 +30,17 @@ def _apply_layer(params, c, x):
   return lift.apply(layer)({'params': params}, c, x)
 
 
-def _apply_shifted(params, c, x, shift):
-  c, h = _apply_layer(params, c, x)
-  return c, h + shift[None]
-
-
 def _layer_params(keys):
   return jax.jit(jax.vmap(lambda k: lift.init(layer)(k, C0, XS[0])[1]['params']))(keys)
 
 
-
 def _unrolled(body, reverse=False):
   """The Python loop that a scan of ``body`` over axis 0 means."""
-
   def run(scope, c, xs):
-    steps = range(xs.shape[0])
     ys = [None] * xs.shape[0]
-    for i in (reversed(steps) if reverse else steps):
+    for i in (reversed if reverse else iter)(range(xs.shape[0])):
       c, ys[i] = body(scope.rewound(), c, xs[i])
     return c, jnp.stack(ys)
-
   return run
 
 
@@ -58,10 +49,8 @@ def _unrolled(body, reverse=False):
 @pytest.mark.parametrize('reverse, unroll', [(False, 1), (True, 1), (False, 2), (True, 5)])
 def test_scan_equals_lax_scan_over_hand_stacked_params(reverse, unroll):
   params = _layer_params(jax.random.split(jax.random.key(1), 5))
-  expected = lax.scan(lambda c, px: _apply_layer(px[0], c, px[1]), C0, (params, XS),
-                      reverse=reverse)
-  got = lift.apply(lift.scan(layer, reverse=reverse, unroll=unroll, **LAYERS))(
-      {'params': params}, C0, XS)
+  expected = lax.scan(lambda c, px: _apply_layer(px[0], c, px[1]), C0, (params, XS), reverse=reverse)
+  got = lift.apply(lift.scan(layer, reverse=reverse, unroll=unroll, **LAYERS))({'params': params}, C0, XS)
   assert_trees_close(got, expected)
 
 
@@ -76,15 +65,9 @@ def test_broadcast_equals_closing_over_the_params():
 def test_gradient_equals_lax_scan_gradient(remat):
   params = _layer_params(jax.random.split(jax.random.key(1), 5))
   scanned = lift.scan(layer, remat=remat, **LAYERS)
-
-  def lifted_loss(p):
-    c, ys = lift.apply(scanned)({'params': p}, C0, XS)
-    return jnp.sum(c ** 2) + jnp.sum(ys)
-
-  def oracle_loss(p):
-    c, ys = lax.scan(lambda c, px: _apply_layer(px[0], c, px[1]), C0, (p, XS))
-    return jnp.sum(c ** 2) + jnp.sum(ys)
-
+  loss = lambda out: jnp.sum(out[0] ** 2) + jnp.sum(out[1])
+  lifted_loss = lambda p: loss(lift.apply(scanned)({'params': p}, C0, XS))
+  oracle_loss = lambda p: loss(lax.scan(lambda c, px: _apply_layer(px[0], c, px[1]), C0, (p, XS)))
   assert_trees_close(jax.jit(jax.grad(lifted_loss))(params), jax.grad(oracle_loss)(params), depth=8)
 
 
@@ -92,64 +75,50 @@ def test_negative_axes_and_broadcast_inputs():
   def step(scope, c, x, shift):
     c, h = layer(scope, c, x)
     return c, h + shift[None]
-
   scanned = lift.scan(step, variable_axes={'params': -1}, split_rngs={'params': True},
                       in_axes=(-1, lift.broadcast), out_axes=-1)
-  xs_last = jnp.moveaxis(XS, 0, -1)
   shift = jnp.arange(3.0)
-  (c, ys), variables = lift.init(scanned)(KEY, C0, xs_last, shift)
-  shapes = jax.tree.map(jnp.shape, variables['params']['dense'])
-  assert shapes == {'kernel': (3, 3, 5), 'bias': (3, 5)}
+  (c, ys), variables = lift.init(scanned)(KEY, C0, jnp.moveaxis(XS, 0, -1), shift)
+  assert jax.tree.map(jnp.shape, variables['params']['dense']) == {'kernel': (3, 3, 5), 'bias': (3, 5)}
   assert ys.shape == (2, 3, 5)
   params = jax.tree.map(lambda p: jnp.moveaxis(p, -1, 0), variables['params'])
-  expected_c, expected_ys = lax.scan(
-      lambda c, px: _apply_shifted(px[0], c, px[1], shift), C0, (params, XS))
-  np.testing.assert_allclose(c, expected_c, rtol=1e-6)
-  np.testing.assert_allclose(ys, jnp.moveaxis(expected_ys, 0, -1), rtol=1e-6)
+  oracle = lambda c, px: (lambda c, h: (c, h + shift[None]))(*_apply_layer(px[0], c, px[1]))
+  expected_c, expected_ys = lax.scan(oracle, C0, (params, XS))
+  assert_trees_close((c, ys), (expected_c, jnp.moveaxis(expected_ys, 0, -1)))
 
 
 def test_broadcast_output_is_returned_once_not_stacked():
   def step(scope, c, x):
     scale = scope.param('scale', jax.nn.initializers.ones, (3,))
     return c * scale[None] + x, (c, 2.0 * scale)
-
   scanned = lift.scan(step, out_axes=(0, lift.broadcast), **SHARED)
   (c, (cs, doubled)), variables = lift.init(scanned)(KEY, C0, XS)
   assert cs.shape == (5, 2, 3) and doubled.shape == (3,)
-  np.testing.assert_allclose(doubled, 2.0 * variables['params']['scale'])
+  assert_trees_equal(doubled, 2.0 * variables['params']['scale'])
 
 
 def test_keyword_arguments_and_data_transform():
   def step(scope, c, x, *, scale):
     c, h = layer(scope, c, x)
     return c * scale, h
-
   def double_params(variable_groups, rng_groups):
     broadcast, carry, params = variable_groups
     return (broadcast, carry, jax.tree.map(lambda p: 2.0 * p, params)), rng_groups
-
   params = _layer_params(jax.random.split(jax.random.key(1), 5))
-  scanned = lift.scan(step, data_transform=double_params, **LAYERS)
-  got = lift.apply(scanned)({'params': params}, C0, XS, scale=jnp.float32(0.5))
+  got = lift.apply(lift.scan(step, data_transform=double_params, **LAYERS))(
+      {'params': params}, C0, XS, scale=jnp.float32(0.5))
   doubled = jax.tree.map(lambda p: 2.0 * p, params)
-
-  def oracle_step(c, px):
-    c, h = _apply_layer(px[0], c, px[1])
-    return 0.5 * c, h
-
-  expected = lax.scan(oracle_step, C0, (doubled, XS))
-  assert_trees_close(got, expected)
+  oracle_step = lambda c, px: (lambda c, h: (0.5 * c, h))(*_apply_layer(px[0], c, px[1]))
+  assert_trees_close(got, lax.scan(oracle_step, C0, (doubled, XS)))
 
 
 def test_scan_inside_vmap_and_under_jit():
   scanned = lift.scan(layer, **LAYERS)
-  ensemble = lift.vmap(scanned, variable_axes={'params': 0}, split_rngs={'params': True},
-                       in_axes=(None, 0))
+  ensemble = lift.vmap(scanned, variable_axes={'params': 0}, split_rngs={'params': True}, in_axes=(None, 0))
   xss = jnp.stack([XS, 2.0 * XS, 3.0 * XS])
   (c, ys), variables = jax.jit(lift.init(ensemble))(KEY, C0, xss)
   assert variables['params']['dense']['kernel'].shape == (3, 5, 3, 3)
-  expected = jax.jit(jax.vmap(lambda p, xs: lift.apply(scanned)({'params': p}, C0, xs)))(
-      variables['params'], xss)
+  expected = jax.jit(jax.vmap(lambda p, xs: lift.apply(scanned)({'params': p}, C0, xs)))(variables['params'], xss)
   assert_trees_close((c, ys), expected)
 
 
@@ -168,8 +137,7 @@ def _then_draw(scanned):
   return model
 
 
-@pytest.mark.parametrize('kwargs', [
-    LAYERS, dict(variable_axes={'params': 0}, split_rngs={'params': False}), SHARED])
+@pytest.mark.parametrize('kwargs', [LAYERS, dict(variable_axes={'params': 0}, split_rngs={'params': False}), SHARED])
 def test_init_matches_flax_core_lift_scan(kwargs):
   check(lambda L: _then_draw(L.scan(_direct_param_step, **kwargs)), lambda M, fn: jax.jit(M.init(fn))(KEY, C0, XS),
         depth=4)
@@ -177,8 +145,7 @@ def test_init_matches_flax_core_lift_scan(kwargs):
 
 def _dropout_step(scope, c, x):
   c, h = _direct_param_step(scope, c, x)
-  keep = jax.random.bernoulli(scope.make_rng('dropout'), 0.5, c.shape)
-  return jnp.where(keep, c, 0.0), h
+  return jnp.where(jax.random.bernoulli(scope.make_rng('dropout'), 0.5, c.shape), c, 0.0), h
 
 
 def _loop_then_draw(loop):
@@ -190,25 +157,18 @@ def _loop_then_draw(loop):
 
 def test_draw_once_streams_draw_as_vmap_and_the_others_as_flax():
   """_draw_once='params': parameters equal a vmapped init's; dropout keys stay Flax's."""
-  rngs = {'params': KEY, 'dropout': jax.random.key(1)}
+  rngs, dropout = {'params': KEY, 'dropout': jax.random.key(1)}, {'dropout': jax.random.key(1)}
   kwargs = dict(variable_axes={'params': 0}, split_rngs={True: True})
   once = _loop_then_draw(lift.scan(_dropout_step, _draw_once='params', **kwargs))
   y, variables = jax.jit(lift.init(once))(rngs, C0, XS)
   vmapped = lift.vmap(_dropout_step, in_axes=(None, 0), **kwargs)
-  _, expected = jax.jit(lift.init(_loop_then_draw(vmapped)))(rngs, C0, XS)
-  assert_trees_close(variables, expected)
+  assert_trees_close(variables, jax.jit(lift.init(_loop_then_draw(vmapped)))(rngs, C0, XS)[1])
   flax_scan = _loop_then_draw(flax_lift.scan(_dropout_step, **kwargs))
   _, theirs = jax.jit(flax.core.init(flax_scan))(rngs, C0, XS)
   assert not np.allclose(variables['params']['loop']['w'], theirs['params']['loop']['w'])
-  dropout = {'dropout': jax.random.key(1)}
   got = lift.apply(once)(variables, C0, XS, rngs=dropout)
-  np.testing.assert_allclose(got, y, rtol=1e-6)  # init's output is apply's
-  np.testing.assert_allclose(got, flax.core.apply(flax_scan)(variables, C0, XS, rngs=dropout),
-                             rtol=1e-6)
-
-
-def _carry_only_layer(scope, c):
-  return jnp.tanh(scope.child(dense, 'dense')(c, 3))
+  assert_trees_close(got, y)  # init's output is apply's
+  assert_trees_close(got, flax.core.apply(flax_scan)(variables, C0, XS, rngs=dropout))
 
 
 # -- shapes and metadata -----------------------------------------------------------------
@@ -218,21 +178,18 @@ def _boxed_layer(scope, c):
   return jnp.tanh(c @ scope.param('kernel', init, (3, 3)))
 
 
-def test_scan_stacks_created_params_and_names_the_axis():
-  scanned = lift.scan(lambda s, c, _: (_boxed_layer(s, c), None), length=5,
-                      metadata_params={meta.PARTITION_NAME: 'layers'}, **LAYERS)
-  (c, _), variables = lift.init(scanned)(KEY, C0, None)
+@pytest.mark.parametrize('transform, names, shape', [
+    ('scan', ('layers', 'in', 'out'), (5, 3, 3)), ('remat_scan', ('layers', None, 'in', 'out'), (2, 3, 3, 3))])
+def test_stacks_created_params_and_names_the_outer_axis(transform, names, shape):
+  named = {'metadata_params': {meta.PARTITION_NAME: 'layers'}}
+  if transform == 'scan':
+    scanned, args = lift.scan(lambda s, c, _: (_boxed_layer(s, c), None), length=5, **named, **LAYERS), (C0, None)
+  else:
+    scanned, args = lift.remat_scan(_boxed_layer, (2, 3), **named), (C0,)
+  y, variables = lift.init(scanned)(KEY, *args)
   box = variables['params']['kernel']
-  assert box.names == ('layers', 'in', 'out') and box.value.shape == (5, 3, 3)
-  np.testing.assert_allclose(lift.apply(scanned)(variables, C0, None)[0], c, rtol=1e-6)
-
-
-def test_remat_scan_names_only_the_outer_axis():
-  stacked = lift.remat_scan(_boxed_layer, (2, 3), metadata_params={meta.PARTITION_NAME: 'layers'})
-  y, variables = lift.init(stacked)(KEY, C0)
-  box = variables['params']['kernel']
-  assert box.names == ('layers', None, 'in', 'out') and box.value.shape == (2, 3, 3, 3)
-  np.testing.assert_allclose(lift.apply(stacked)(variables, C0), y, rtol=1e-6)
+  assert box.names == names and box.value.shape == shape
+  assert_trees_close(lift.apply(scanned)(variables, *args), y)
 
 
 # -- nothing lost -------------------------------------------------------------------------
@@ -242,8 +199,7 @@ def _count_step(scope, c, x):
 
 
 @pytest.mark.parametrize('kwargs, first, second', [
-    (dict(variable_axes={'counter': 0}), [1] * 5, [2] * 5),
-    (dict(variable_broadcast='counter'), 1, 2),
+    (dict(variable_axes={'counter': 0}), [1] * 5, [2] * 5), (dict(variable_broadcast='counter'), 1, 2),
     (dict(variable_carry='counter'), 5, 10)])
 def test_counter_survives_scan(kwargs, first, second):
   scanned = lift.scan(_count_step, **kwargs)
@@ -256,8 +212,7 @@ def test_counter_survives_scan(kwargs, first, second):
 
 
 @pytest.mark.parametrize('kwargs, expected', [
-    (dict(variable_axes={'counter': 0}), np.ones((2, 3))),
-    (dict(variable_broadcast='counter', variable_axes={}), 1),
+    (dict(variable_axes={'counter': 0}), np.ones((2, 3))), (dict(variable_broadcast='counter', variable_axes={}), 1),
     (dict(variable_carry='counter', variable_axes={}), 6)])
 def test_counter_survives_remat_scan(kwargs, expected):
   stacked = lift.remat_scan(counter, (2, 3), **kwargs)
@@ -284,24 +239,18 @@ def test_carry_created_at_init_equals_unrolled_loop(reverse):
   loop = _unrolled(_stateful_step, reverse)
   got, variables = lift.init(scanned)(KEY, C0, XS)
   expected, expected_variables = lift.init(loop)(KEY, C0, XS)
-  assert_trees_close(variables['state'], expected_variables['state'])
-  assert_trees_close(got, expected)
+  assert_trees_close((got, variables['state']), (expected, expected_variables['state']))
   assert int(variables['state']['n']) == 5
-  got, updated = lift.apply(scanned, mutable=['state'])(variables, C0, XS)
-  expected, expected_updated = lift.apply(loop, mutable=['state'])(variables, C0, XS)
-  assert_trees_close((got, updated), (expected, expected_updated))
-  assert int(updated['state']['n']) == 10
+  updated = lift.apply(scanned, mutable=['state'])(variables, C0, XS)
+  assert_trees_close(updated, lift.apply(loop, mutable=['state'])(variables, C0, XS))
+  assert int(updated[1]['state']['n']) == 10
 
 
 def test_carry_creation_keeps_the_scanned_params_keys():
-  def without_state(scope, c, x):
-    w = scope.param('w', jax.nn.initializers.normal(), (3,))
-    return c + w[None], c
-
-  kwargs = dict(variable_axes={'params': 0}, split_rngs={'params': True})
-  _, with_state = lift.init(lift.scan(_stateful_step, variable_carry='state', **kwargs))(KEY, C0, XS)
-  _, plain = lift.init(lift.scan(without_state, **kwargs))(KEY, C0, XS)
-  np.testing.assert_allclose(with_state['params']['w'], plain['params']['w'], rtol=1e-6)
+  without_state = lambda scope, c, x: (c + scope.param('w', jax.nn.initializers.normal(), (3,))[None], c)
+  _, with_state = lift.init(lift.scan(_stateful_step, variable_carry='state', **LAYERS))(KEY, C0, XS)
+  _, plain = lift.init(lift.scan(without_state, **LAYERS))(KEY, C0, XS)
+  assert_trees_close(with_state['params']['w'], plain['params']['w'])
 
 
 # -- errors --------------------------------------------------------------------------------
@@ -314,58 +263,55 @@ def _consts_from_carry(scope, c, x):
   return c + scope.variable('consts', 'first', lambda: c).value, x
 
 
+def _init(scanned, *args):
+  return lambda: lift.init(scanned)(KEY, *args)
+
+
 PARAMS5 = {'params': {'dense': {'kernel': jnp.ones((5, 3, 3)), 'bias': jnp.ones((5, 3))}}}
-MISUSE = {  # (scanned function, variables to apply or None to init, arguments, error, match)
-    'collection without a rule': (lift.scan(_count_step, **LAYERS), None, ((), XS),
-                                  errors.UnmappedCollectionError, '"counter" is immutable inside the lifted `scan`'),
-    'remat_scan collection without a rule': (
-        lift.remat_scan(counter, (2, 3), variable_axes={'params': 0}), None, (C0,),
-        errors.UnmappedCollectionError, '"counter" is immutable inside the lifted `scan`'),
+UNMAPPED = '"counter" is immutable inside the lifted `scan`'
+MISUSE = {  # name: (thunk, error, match)
+    'collection without a rule': (_init(lift.scan(_count_step, **LAYERS), (), XS), errors.UnmappedCollectionError,
+                                  UNMAPPED),
+    'remat_scan collection without a rule': (_init(lift.remat_scan(counter, (2, 3), variable_axes={'params': 0}), C0),
+                                             errors.UnmappedCollectionError, UNMAPPED),
     'lengths of arguments differ': (
-        lift.scan(_two_inputs), None, ((), jnp.ones((5, 2)), jnp.ones((4, 2))), errors.AxisSizeError,
+        _init(lift.scan(_two_inputs), (), jnp.ones((5, 2)), jnp.ones((4, 2))), errors.AxisSizeError,
         r"(?s)size 5: axis 0 of argument 'x' \(5, 2\).*size 4: axis 0 of argument 'y' \(4, 2\).*length=N"),
-    'lengths of variables and arguments differ': (lift.scan(layer, **LAYERS), PARAMS5, (C0, XS[:4]),
-                                                  errors.AxisSizeError, r'size 5: axis 0 of variable params/dense/'),
-    'length given disagrees': (lift.scan(layer, length=4, **LAYERS), None, (C0, XS), errors.AxisSizeError,
+    'lengths of variables and arguments differ': (
+        lambda: lift.apply(lift.scan(layer, **LAYERS))(PARAMS5, C0, XS[:4]), errors.AxisSizeError,
+        r'size 5: axis 0 of variable params/dense/'),
+    'length given disagrees': (_init(lift.scan(layer, length=4, **LAYERS), C0, XS), errors.AxisSizeError,
                                r'length=4 was given'),
-    'no length': (lift.scan(lambda s, c: (c, None), **LAYERS), None, (C0,), errors.AxisSizeError,
-                  'pass length=N'),
+    'no length': (_init(lift.scan(lambda s, c: (c, None), **LAYERS), C0), errors.AxisSizeError, 'pass length=N'),
     'broadcast variable depending on the carry': (
-        lift.scan(_consts_from_carry, variable_broadcast='consts'), None, (C0, XS), errors.LoopInvariantError,
+        _init(lift.scan(_consts_from_carry, variable_broadcast='consts'), C0, XS), errors.LoopInvariantError,
         r'broadcast variable consts/first'),
     'broadcast params from a split stream': (
-        lift.scan(layer, variable_broadcast='params', split_rngs={'params': True}), None, (C0, XS),
+        _init(lift.scan(layer, variable_broadcast='params', split_rngs={'params': True}), C0, XS),
         errors.LoopInvariantError, r'broadcast variable params/dense/(bias|kernel)'),
-    'broadcast output depending on the inputs': (lift.scan(layer, out_axes=lift.broadcast, **SHARED), None,
-                                                 (C0, XS), errors.LoopInvariantError, r'output ys'),
-    'input axis out of range': (lift.scan(layer, in_axes=3, **LAYERS), None, (C0, XS), errors.InvalidAxisError,
+    'broadcast output depending on the inputs': (_init(lift.scan(layer, out_axes=lift.broadcast, **SHARED), C0, XS),
+                                                 errors.LoopInvariantError, r'output ys'),
+    'input axis out of range': (_init(lift.scan(layer, in_axes=3, **LAYERS), C0, XS), errors.InvalidAxisError,
                                 r"argument 'x' has shape \(5, 2, 3\), which has no axis 3"),
-    'output axis out of range': (
-        lift.scan(layer, out_axes=-4, **LAYERS), None, (C0, XS), errors.InvalidAxisError,
-        r"output ys \(stacked\) has shape \(5, 2, 3\), which has no axis -4"),
+    'output axis out of range': (_init(lift.scan(layer, out_axes=-4, **LAYERS), C0, XS), errors.InvalidAxisError,
+                                 r"output ys \(stacked\) has shape \(5, 2, 3\), which has no axis -4"),
     'body not returning a pair': (  # one array, not (carry, ys); the message names the scope
-        lift.scan(lambda scope, c, x: dense(scope, c + x, 3), **SHARED), None, (C0, XS), errors.ScanBodyError,
+        _init(lift.scan(lambda scope, c, x: dense(scope, c + x, 3), **SHARED), C0, XS), errors.ScanBodyError,
         r'scan\(/\)": the body returned float32\[2,3\]'),
     'body changing the carry type': (
-        lift.scan(lambda scope, c, x: (jnp.concatenate([c, dense(scope, x, 3)]), None), **SHARED), None,
-        (C0, XS), errors.ScanBodyError, r'float32\[2, 3\] and returns the carry float32\[4, 3\]'),
+        _init(lift.scan(lambda scope, c, x: (jnp.concatenate([c, dense(scope, x, 3)]), None), **SHARED), C0, XS),
+        errors.ScanBodyError, r'float32\[2, 3\] and returns the carry float32\[4, 3\]'),
+    # rejected when built:
+    'variable axis None': (lambda: lift.scan(layer, variable_axes={'params': None}), errors.InvalidAxisError,
+                           'variable_broadcast for collections shared'),
+    'bad in_axes entry': (lambda: lift.scan(layer, in_axes=[0, 'x']), errors.InvalidAxisError, 'lift.broadcast'),
+    'bad remat': (lambda: lift.scan(layer, remat='sometimes'), errors.RematPolicyError, 'sometimes'),
+    'negative length': (lambda: lift.scan(layer, length=-2), errors.AxisSizeError, 'length=-2'),
+    'remat_scan without lengths': (lambda: lift.remat_scan(_boxed_layer, ()), errors.InvalidAxisError, 'lengths=()'),
 }
 
 
-@pytest.mark.parametrize('scanned, variables, args, error, match', list(MISUSE.values()), ids=list(MISUSE))
-def test_misuse_is_rejected_naming_what_is_at_fault(scanned, variables, args, error, match):
+@pytest.mark.parametrize('thunk, error, match', list(MISUSE.values()), ids=list(MISUSE))
+def test_misuse_is_rejected_naming_what_is_at_fault(thunk, error, match):
   with pytest.raises(error, match=match):
-    lift.init(scanned)(KEY, *args) if variables is None else lift.apply(scanned)(variables, *args)
-
-
-@pytest.mark.parametrize('build, error, match', [
-    (lambda: lift.scan(layer, variable_axes={'params': None}), errors.InvalidAxisError,
-     'variable_broadcast for collections shared'),
-    (lambda: lift.scan(layer, in_axes=[0, 'x']), errors.InvalidAxisError, 'lift.broadcast'),
-    (lambda: lift.scan(layer, remat='sometimes'), errors.RematPolicyError, 'sometimes'),
-    (lambda: lift.scan(layer, length=-2), errors.AxisSizeError, 'length=-2'),
-    (lambda: lift.remat_scan(_carry_only_layer, ()), errors.InvalidAxisError, 'lengths=()'),
-])
-def test_bad_arguments_fail_when_built(build, error, match):
-  with pytest.raises(error, match=match):
-    build()
+    thunk()

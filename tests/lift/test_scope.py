@@ -40,10 +40,6 @@ def hand_key(key, suffix, counter):
 
 # -- PRNG derivation ----------------------------------------------------------------------------
 
-def test_prng_parity_with_flax_core_init():
-  check(lambda M: M.init(mlp)(KEY, X))
-
-
 def draws(scope):
   """Keys drawn from several streams, through children, pushes, rewinds and many draws."""
   keys = [scope.make_rng('params'), scope.make_rng('dropout'), scope.make_rng('params')]
@@ -82,7 +78,8 @@ def test_prng_formula_by_hand():
   assert_trees_equal(lift.init(f)({'params': KEY, 'dropout': jax.random.key(1)})[0], expected)
 
 
-def test_param_draws_a_key_only_on_creation():
+def test_param_draws_a_key_only_on_creation_and_init_matches_flax():
+  check(lambda M: M.init(mlp)(KEY, X))
   def f(scope):
     scope.param('w', lambda r: jax.random.normal(r, ()))
     return kd(scope.make_rng('params'))
@@ -184,7 +181,7 @@ def test_name_reservation_errors_match_flax():
   assert check(lambda M: M.init(probe)(KEY)[0]) == ['ok'] + ['ValueError'] * 7
 
 
-def test_child_scopes_and_default_names():
+def test_child_scopes_default_names_same_names_in_different_collections_and_aliases():
   def fn(scope):
     assert scope.default_name('dense_') == 'dense_0'
     scope.push('dense_0')
@@ -196,17 +193,14 @@ def test_child_scopes_and_default_names():
     assert child.variables() == {'state': {'g': {'y': 2}}}
     return scope.variables()
   assert lift.apply(fn, mutable=True)({})[0] == {'state': {'x': 1, '0': {'g': {'y': 2}}}}
-
-
-def test_same_name_in_different_collections_and_writes_through_aliases():
-  def fn(scope):
+  def same_names(scope):  # the same name in different collections; writes show through aliases
     scope.variable('a', 'x', lambda: 1)
     scope.variable('b', 'x', lambda: 2)
     alias = scope.rewound()
     scope.put_variable('state', 'x', 1)
     assert alias.get_variable('state', 'x') == 1
     return scope.variables()
-  assert lift.init(fn)(KEY)[0] == {'a': {'x': 1}, 'b': {'x': 2}, 'state': {'x': 1}}
+  assert lift.init(same_names)(KEY)[0] == {'a': {'x': 1}, 'b': {'x': 2}, 'state': {'x': 1}}
 
 
 def test_param_and_variable_boxes_match_flax():
@@ -234,15 +228,12 @@ def test_apply_return_for_every_mutable_filter_matches_flax(mutable):
     assert out[1]['stats'] == {'x': 5}
 
 
-def test_bind_and_is_initializing_flag():
+def test_bind_is_initializing_flag_and_temporary_scope_invalid_after_the_block():
   scope = lift.bind({'params': {'w': 1.0}}, rngs=KEY)
   assert scope.get_variable('params', 'w') == 1.0 and not scope.get_flag('initializing', False)
   assert scope.has_rng('params') and not scope.is_mutable_collection('params')
   _, variables = lift.init(lambda s: s.put_variable('f', 'init', s.get_flag('initializing')))(KEY)
   assert variables == {'f': {'init': True}}
-
-
-def test_temporary_scope_is_invalid_after_the_block():
   with lift.bind({'params': {'w': 1.0}}).temporary() as scope:
     assert scope.variables() == {'params': {'w': 1.0}}
   with pytest.raises(errors.InvalidScopeError, match='no longer valid'):
@@ -284,6 +275,12 @@ FAILURES = {  # (run(M), our error, match); Flax raises too
         {}, rngs={'noise': KEY}), errors.UnknownRngError, '^drop needs PRNG for "dropout": scope "/drop"'),
     'name in use': (lambda M: M.init(lambda s: (s.push('a').param('w', lambda k: 1.0), s.push('a')))(KEY),
                     errors.NameInUseError, '"a" is already in use at "/"'),
+    'extra params layer': (lambda M: M.apply(dense)({'params': {'params': {}}}, jnp.ones((1, 2)), 2),
+                           errors.InvalidVariablesError, 'extra params layer'),
+    'collection not a dict': (lambda M: M.apply(dense)({'params': 3}, jnp.ones((1, 2)), 2),
+                              errors.InvalidVariablesError, "collection 'params'"),
+    'rngs not a key': (lambda M: M.init(dense)(3, jnp.ones((1, 2)), 2), errors.InvalidRngsError,
+                       'should be a ``jax.PRNGKey`` or a dictionary'),
 }
 
 
@@ -294,15 +291,6 @@ def test_errors_name_what_is_at_fault_and_flax_fails_too(name):
     run(flax.core)
   with pytest.raises(error, match=match):
     run(lift)
-
-
-def test_invalid_variables_and_rngs():
-  with pytest.raises(errors.InvalidVariablesError, match='extra params layer'):
-    lift.apply(dense)({'params': {'params': {}}}, jnp.ones((1, 2)), 2)
-  with pytest.raises(errors.InvalidVariablesError, match="collection 'params'"):
-    lift.apply(dense)({'params': 3}, jnp.ones((1, 2)), 2)
-  with pytest.raises(errors.InvalidRngsError, match='should be a ``jax.PRNGKey`` or a dictionary'):
-    lift.init(dense)(3, jnp.ones((1, 2)), 2)
 
 
 @pytest.mark.parametrize('transform', ['apply', 'checkpoint', 'jit', 'vmap', 'map_variables'])

@@ -10,7 +10,6 @@ import traceback
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -18,11 +17,12 @@ from jax.sharding import PartitionSpec as P
 import lift
 from lift import errors
 from lift.rng import fold_in_static
-from tests.helpers import counter, run_in_child
+from tests.helpers import assert_trees_close, counter, run_in_child
 
 CHECKS = {}
 RESULT_MARK = 'SHARD_MAP_RESULTS='
 X = jnp.linspace(-1.0, 1.0, 32).reshape(4, 8)
+KEY = jax.random.key(0)
 
 
 def check(fn):
@@ -40,81 +40,64 @@ def row_parallel_dense(scope, x):
   return jax.lax.psum(x @ w, 'model')
 
 
-def _draw(key, shape):
+def _draw(key, shape=(2, 3)):
   """The kernel that `row_parallel_dense` creates from ``key`` (first draw, no suffix)."""
   return jax.nn.initializers.lecun_normal()(fold_in_static(key, (1,)), shape)
 
 
 def _row_parallel(mesh, split):
-  return lift.shard_map(row_parallel_dense, mesh=mesh, in_specs=P('data', 'model'),
-                        out_specs=P('data'), variable_specs={'params': P('model')},
-                        split_rngs={'params': split})
+  return lift.shard_map(row_parallel_dense, mesh=mesh, in_specs=P('data', 'model'), out_specs=P('data'),
+                        variable_specs={'params': P('model')}, split_rngs={'params': split})
 
 
 @check
-def split_params_are_the_per_shard_draws_concatenated():
-  key = jax.random.key(0)
-  y, variables = lift.init(_row_parallel(_mesh(), 'model'))(key, X)
-  # Shard i along 'model' draws its (2, 3) rows from split(key, 4)[i].
-  expected = jnp.concatenate([_draw(k, (2, 3)) for k in jax.random.split(key, 4)])
-  np.testing.assert_allclose(variables['params']['w'], expected, rtol=1e-6)
-  np.testing.assert_allclose(y, X @ expected, rtol=1e-5)
-  np.testing.assert_allclose(lift.apply(_row_parallel(_mesh(), 'model'))(variables, X), y, rtol=1e-6)
+def split_params_are_the_per_shard_draws_concatenated_on_auto_and_explicit_meshes():
+  for mesh in (_mesh(), _mesh(AxisType.Explicit)):
+    x = X if mesh.axis_types[0] == AxisType.Auto else jax.sharding.reshard(X, NamedSharding(mesh, P('data', 'model')))
+    y, variables = lift.init(_row_parallel(mesh, 'model'))(KEY, x)
+    # Shard i along 'model' draws its (2, 3) rows from split(key, 4)[i].
+    expected = jnp.concatenate([_draw(k) for k in jax.random.split(KEY, 4)])
+    assert_trees_close(variables['params']['w'], expected)
+    assert_trees_close(y, X @ expected)
+    assert_trees_close(lift.apply(_row_parallel(mesh, 'model'))(variables, x), y)
 
 
 @check
 def unsplit_stream_gives_every_shard_the_same_key():
-  key = jax.random.key(0)
-  _, variables = lift.init(_row_parallel(_mesh(), False))(key, X)
-  expected = jnp.concatenate([_draw(key, (2, 3))] * 4)
-  np.testing.assert_allclose(variables['params']['w'], expected, rtol=1e-6)
+  _, variables = lift.init(_row_parallel(_mesh(), False))(KEY, X)
+  assert_trees_close(variables['params']['w'], jnp.concatenate([_draw(KEY)] * 4))
 
 
 @check
 def split_over_every_axis_gives_each_device_its_key():
-  def local(scope, x):
-    return x + jax.random.normal(scope.make_rng('noise'), x.shape)
-
-  sharded = lift.shard_map(local, mesh=_mesh(), in_specs=P('data', 'model'),
-                           out_specs=P('data', 'model'), split_rngs={'noise': True})
+  local = lambda scope, x: x + jax.random.normal(scope.make_rng('noise'), x.shape)
+  sharded = lift.shard_map(local, mesh=_mesh(), in_specs=P('data', 'model'), out_specs=P('data', 'model'),
+                           split_rngs={'noise': True})
   key = jax.random.key(3)
   y = lift.apply(sharded)({}, jnp.zeros((2, 4)), rngs={'noise': key})
   keys = jax.random.split(key, 8).reshape(2, 4)
   expected = jax.vmap(jax.vmap(lambda k: jax.random.normal(fold_in_static(k, (1,)), (1, 1))))(keys)
-  np.testing.assert_allclose(y, expected.reshape(2, 4), rtol=1e-6)
+  assert_trees_close(y, expected.reshape(2, 4))
 
 
 @check
 def gradient_equals_unsharded_gradient():
   sharded = _row_parallel(_mesh(), 'model')
-  _, variables = lift.init(sharded)(jax.random.key(0), X)
-
-  def loss(params):
-    return jnp.sum(lift.apply(sharded)({'params': params}, X) ** 2)
-
-  got = jax.jit(jax.grad(loss))(variables['params'])
-  expected = jax.grad(lambda p: jnp.sum((X @ p['w']) ** 2))(variables['params'])
-  np.testing.assert_allclose(got['w'], expected['w'], rtol=1e-5)
+  params = lift.init(sharded)(KEY, X)[1]['params']
+  got = jax.jit(jax.grad(lambda p: jnp.sum(lift.apply(sharded)({'params': p}, X) ** 2)))(params)
+  assert_trees_close(got, jax.grad(lambda p: jnp.sum((X @ p['w']) ** 2))(params))
 
 
 @check
 def replicated_counter_survives():
   sharded = lift.shard_map(counter, mesh=_mesh(), in_specs=P('data'), out_specs=P('data'),
                            variable_specs={'counter': P()})
-  _, variables = lift.init(sharded)(jax.random.key(0), X)
+  _, variables = lift.init(sharded)(KEY, X)
   assert int(variables['counter']['count']) == 1
   _, updated = lift.apply(sharded, mutable=['counter'])(variables, X)
   assert int(updated['counter']['count']) == 2
   with pytest.raises(errors.ImmutableCollectionError, match='counter'):
     lift.apply(sharded)(variables, X)
-
-
-@check
-def collection_without_spec_raises():
-  sharded = lift.shard_map(counter, mesh=_mesh(), in_specs=P('data'), out_specs=P('data'),
-                           variable_specs={'params': P()})
-  with pytest.raises(errors.UnmappedCollectionError, match='"counter" is immutable inside the lifted `shard_map`'):
-    lift.init(sharded)(jax.random.key(0), X)
 
 
 @check
@@ -124,38 +107,27 @@ def replicated_stats_reduced_with_pmean():
     stats = scope.variable('batch_stats', 'mean', jnp.zeros, mean.shape)
     stats.value = 0.9 * stats.value + 0.1 * mean
     return x - mean[None]
-
   sharded = lift.shard_map(normalize, mesh=_mesh(), in_specs=P('data'), out_specs=P('data'),
                            variable_specs={'batch_stats': P()})
-  y, variables = lift.init(sharded)(jax.random.key(0), X)
-  np.testing.assert_allclose(variables['batch_stats']['mean'], 0.1 * X.mean(0), rtol=1e-6)
-  np.testing.assert_allclose(y, X - X.mean(0, keepdims=True), rtol=1e-6, atol=1e-7)
+  y, variables = lift.init(sharded)(KEY, X)
+  assert_trees_close((y, variables['batch_stats']['mean']), (X - X.mean(0, keepdims=True), 0.1 * X.mean(0)))
 
 
 @check
-def explicit_mesh_with_sharded_inputs():
-  mesh = _mesh(AxisType.Explicit)
-  x = jax.sharding.reshard(X, NamedSharding(mesh, P('data', 'model')))
-  key = jax.random.key(0)
-  y, variables = lift.init(_row_parallel(mesh, 'model'))(key, x)
-  expected = jnp.concatenate([_draw(k, (2, 3)) for k in jax.random.split(key, 4)])
-  np.testing.assert_allclose(variables['params']['w'], expected, rtol=1e-6)
-  np.testing.assert_allclose(lift.apply(_row_parallel(mesh, 'model'))(variables, x), y, rtol=1e-6)
-
-
-@check
-def bad_arguments_fail_when_built():
+def bad_arguments_fail_when_built_or_run():
   cases = [
-      (dict(mesh='mesh'), 'is not a jax.sharding.Mesh'),
-      (dict(variable_specs={'params': ('model',)}), "variable_specs['params']"),
-      (dict(variable_specs=[P()]), 'variable_specs must be a dict'),
-      (dict(split_rngs={'params': 'rows'}), "split_rngs['params'] = 'rows'"),
-      (dict(split_rngs=True), 'split_rngs must be a dict'),
+      (dict(mesh='mesh'), errors.InvalidAxisError, 'is not a jax.sharding.Mesh'),
+      (dict(variable_specs={'params': ('model',)}), errors.InvalidAxisError, "variable_specs['params']"),
+      (dict(variable_specs=[P()]), errors.InvalidAxisError, 'variable_specs must be a dict'),
+      (dict(split_rngs={'params': 'rows'}), errors.InvalidAxisError, "split_rngs['params'] = 'rows'"),
+      (dict(split_rngs=True), errors.InvalidAxisError, 'split_rngs must be a dict'),
+      (dict(variable_specs={'params': P()}), errors.UnmappedCollectionError,  # at init: no spec for 'counter'
+       '"counter" is immutable inside the lifted `shard_map`'),
   ]
-  for kwargs, match in cases:
-    arguments = {**dict(mesh=_mesh(), in_specs=P(), out_specs=P()), **kwargs}
-    with pytest.raises(errors.InvalidAxisError, match=re.escape(match)):
-      lift.shard_map(counter, **arguments)
+  for kwargs, error, match in cases:
+    with pytest.raises(error, match=re.escape(match)):
+      lift.init(lift.shard_map(counter, **{'mesh': _mesh(), 'in_specs': P('data'), 'out_specs': P('data'),
+                                           **kwargs}))(KEY, X)
 
 
 def run_checks():
