@@ -129,20 +129,21 @@ def test_jaxpr_has_one_scan_with_the_block_once_and_gradients_leave_by_one_unsta
 
 def test_works_under_jit_and_with_layers_made_in_a_compact_method():
   class Compact(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      return nn.scan_layers([Block(rate=0.0) for _ in range(3)], x)
+    scanned: bool = True
 
-  class CompactLoop(nn.Module):
     @nn.compact
     def __call__(self, x):
-      for layer in [Block(rate=0.0) for _ in range(3)]:
+      layers = [Block(rate=0.0) for _ in range(3)]
+      if self.scanned:
+        return nn.scan_layers(layers, x)
+      for layer in layers:
         x = layer(x)
       return x
 
-  variables = CompactLoop().init(KEY, X)
+  variables = Compact(scanned=False).init(KEY, X)
   assert sorted(variables['params']) == ['Block_0', 'Block_1', 'Block_2']
-  assert_trees_close(jax.jit(Compact().apply)(variables, X), CompactLoop().apply(variables, X), 3)
+  assert_trees_close(jax.jit(Compact().apply)(variables, X),
+                     Compact(scanned=False).apply(variables, X), depth=3)
 
 
 # -- errors -----------------------------------------------------------------------------
@@ -279,7 +280,8 @@ def test_a_wrapped_flax_layer_drawing_inside_the_loop_is_a_clear_error(jit):
   net = lambda deterministic: (nn.jit(Layers) if jit else Layers)(
       lambda: [FlaxDropoutBlock(deterministic) for _ in range(3)])
   variables = net(False).init(RNGS, X, method='loop')
-  with pytest.raises(errors.LayerStackError, match=r'flax layer at .*layers_0/Dropout_0.*nn.Dropout'):
+  match = r'flax layer at .*layers_0/Dropout_0.*nn.Dropout'
+  with pytest.raises(errors.LayerStackError, match=match):
     net(False).apply(variables, X, rngs={'dropout': KEY})
   # Without draws the wrapped layer runs in the loop as it does in the Python loop.
   assert_trees_close(net(True).apply(variables, X, rngs={'dropout': KEY}),
