@@ -126,29 +126,35 @@ def test_fold_jit_and_grad_under_nested():
   assert_trees_close(f(init), want, depth=12)
 
 
-def test_full_remat_keeps_only_carries_and_inputs():
+NOTHING = jax.checkpoint_policies.nothing_saveable
+KEPT = [  # (remat, the residual shapes at 12 steps, sorted)
+    (True, [(12, FEATURES), (12, CARRY)]),
+    (ScanCheckpointPolicy(save_block_internals=["h"]), [(12, FEATURES), (12, CARRY), (12, CARRY)]),
+    (ScanCheckpointPolicy(save_block_internals=["not_a_name"]), [(12, FEATURES), (12, CARRY)]),
+    # Entries of blocks 1.. in a buffer sized for the backward pass (4 rows), and init itself.
+    ("nested", [(4, CARRY), (CARRY,), (12, FEATURES)]),
+    (ScanCheckpointPolicy(jax_policy=NOTHING), [(12, FEATURES), (12, CARRY)]),
+    (NOTHING, [(12, FEATURES), (12, CARRY)]),  # taken as ScanCheckpointPolicy(jax_policy=)
+]
+
+
+@pytest.mark.parametrize("remat, kept", KEPT, ids=["full", "save-h", "save-unknown-name", "nested",
+                                                 "jax-nothing", "bare-jax-nothing"])
+def test_what_each_policy_keeps(remat, kept):
   init, xs = inputs(12)
-  assert sorted(residual_shapes(final(True), init, xs)) == [(12, FEATURES), (12, CARRY)]
-  assert len(residual_shapes(final(False), init, xs)) > 2
-  assert len(residual_shapes(final("save_all"), init, xs)) == len(
-      residual_shapes(final(False), init, xs))
+  assert sorted(residual_shapes(final(remat), init, xs)) == kept
 
 
-def test_saved_internals_are_kept_by_name():
+def test_save_all_and_everything_saveable_keep_what_no_remat_keeps():
   init, xs = inputs(12)
-  shapes = residual_shapes(final(ScanCheckpointPolicy(save_block_internals=["h"])), init, xs)
-  assert sorted(shapes) == [(12, FEATURES), (12, CARRY), (12, CARRY)]
-  unknown = ScanCheckpointPolicy(save_block_internals=["not_a_name"])
-  assert sorted(residual_shapes(final(unknown), init, xs)) == [(12, FEATURES), (12, CARRY)]
-
-
-def test_nested_keeps_outer_carries_only():
-  init, xs = inputs(12)
-  shapes = residual_shapes(final("nested"), init, xs)
-  # Entries of blocks 1.. in a buffer sized for the backward pass, and init itself.
-  saved = loops.plan_blocks(12, True).saved_carries
-  assert sorted(shapes) == sorted([(CARRY,), (saved, CARRY), (12, FEATURES)])
-  assert saved == 4
+  kept = lambda remat: residual_shapes(final(remat), init, xs)
+  everything = ScanCheckpointPolicy(jax_policy=jax.checkpoint_policies.everything_saveable)
+  assert len(kept(False)) > 2 and len(kept("save_all")) == len(kept(False))
+  assert kept(everything) == kept("save_all")
+  assert_trees_close(jax.grad(final(everything))(init, xs), jax.grad(final(False))(init, xs), 12)
+  assert loops.resolve_remat(jax.checkpoint_policies.dots_saveable) == \
+      ScanCheckpointPolicy(jax_policy=jax.checkpoint_policies.dots_saveable)
+  assert loops.plan_blocks(12, True).saved_carries == 4
 
 
 @pytest.mark.parametrize("steps,remat", [(13, "nested"), (13, ScanCheckpointPolicy(nested=5)),
@@ -273,20 +279,6 @@ def test_nested_second_order_vmap_and_python_float_init():
   batched = jax.vmap(jax.grad(f), in_axes=(0, None))
   assert_trees_close(batched(jnp.linspace(0.0, 1.0, 4), "nested"),
                      batched(jnp.linspace(0.0, 1.0, 4), False), depth=7)
-
-
-def test_jax_policy_is_used_for_each_step():
-  init, xs = inputs(6)
-  everything = ScanCheckpointPolicy(jax_policy=jax.checkpoint_policies.everything_saveable)
-  nothing = ScanCheckpointPolicy(jax_policy=jax.checkpoint_policies.nothing_saveable)
-  kept = lambda remat: residual_shapes(final(remat), init, xs)
-  assert kept(everything) == kept('save_all')
-  assert kept(nothing) == kept('full')
-  assert_trees_close(jax.grad(final(everything))(init, xs), jax.grad(final(False))(init, xs), 6)
-  # A jax.checkpoint_policies policy is also taken as it is, as ScanCheckpointPolicy(jax_policy=).
-  assert loops.resolve_remat(jax.checkpoint_policies.dots_saveable) == \
-      ScanCheckpointPolicy(jax_policy=jax.checkpoint_policies.dots_saveable)
-  assert kept(jax.checkpoint_policies.nothing_saveable) == kept(nothing)
 
 
 def test_nested_remat_body_reading_integer_and_bool_jit_arguments():

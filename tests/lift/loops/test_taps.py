@@ -14,25 +14,48 @@ from lift import loops
 from tests.helpers import assert_trees_close
 
 
-def test_fibonacci_from_two_initial_values():
-  fib = loops.scan_taps(lambda a, b: a + b, n_steps=8,
-                        outputs_info=[{"initial": jnp.array([0, 1]), "taps": [-2, -1]}])
-  assert fib.tolist() == [1, 2, 3, 5, 8, 13, 21, 34]
+S6 = jnp.arange(6.0)
+digits = lambda *a: sum(v * 10 ** i for i, v in enumerate(a))
+SMALL = {  # name: (call, expected values)
+    'fibonacci-from-two-initial-values': (lambda: loops.scan_taps(
+        lambda a, b: a + b, n_steps=8,
+        outputs_info=[{"initial": jnp.array([0, 1]), "taps": [-2, -1]}]),
+        [1, 2, 3, 5, 8, 13, 21, 34]),
+    # steps = len - (max(maxtap, 0) - min(mintap, 0)) = 10 - (1 + 1)
+    'past-and-future-taps': (lambda: loops.scan_taps(
+        lambda prev, now, nxt: prev + 10 * now + 100 * nxt,
+        sequences=[{"input": jnp.arange(10.0), "taps": [-1, 0, 1]}]),
+        [t + 10 * (t + 1) + 100 * (t + 2) for t in range(8)]),
+    'positive-taps-only-shift-the-start': (lambda: loops.scan_taps(
+        lambda a, b: a * b, sequences={"input": S6, "taps": [2, 3]}), [6.0, 12.0, 20.0]),
+    'go-backwards-iterates-reversed': (lambda: loops.scan_taps(
+        lambda now, total: total + now, sequences=jnp.arange(5.0),
+        outputs_info=jnp.float32(0.0), go_backwards=True), [4.0, 7.0, 9.0, 10.0, 10.0]),
+    'n_steps-runs-the-first-steps': (lambda: loops.scan_taps(
+        lambda x: x * 2.0, sequences=S6, n_steps=3), [0.0, 2.0, 4.0]),
+    'no-outputs_info-returns-every-output': (lambda: loops.scan_taps(
+        lambda x: (x, -x), sequences=jnp.arange(3.0)), ([0.0, 1.0, 2.0], [-0.0, -1.0, -2.0])),
+    'under-jit': (lambda: jax.jit(lambda x0: loops.scan_taps(
+        lambda a, b: a + b, n_steps=4, outputs_info={"initial": x0, "taps": [-2, -1]}))(
+            jnp.array([1.0, 1.0])), [2.0, 3.0, 5.0, 8.0]),
+    # PyTensor: {'initial': h0, 'taps': [-1]} is the same as a bare h0 (no time axis).
+    **{f'lone-minus-one-tap-{kind}-as-pytensor': (lambda h0=h0: loops.scan_taps(
+        lambda x, h: 0.5 * h + x, sequences=[jnp.arange(8.0).reshape(4, 2)], outputs_info=[h0]),
+        [[0.5, 0.5], [2.25, 3.25], [5.125, 6.625], [8.5625, 10.3125]])
+       for kind, h0 in [('bare', jnp.array([1.0, -1.0])),
+                        ('explicit', {'initial': jnp.array([1.0, -1.0]), 'taps': [-1]})]},
+    # Backwards, step t reads the window ending at the end: tap -1 is the element before.
+    **{f'go-backwards-keeps-tap-order-n_steps={n}-as-pytensor': (lambda n=n: loops.scan_taps(
+        lambda a, b, c: 100 * a + 10 * b + c, go_backwards=True, n_steps=n,
+        sequences=[{'input': S6, 'taps': [-1, 0, 1]}]), [345.0, 234.0, 123.0, 12.0][:n or 4])
+        for n in (None, 2)},
+}
 
 
-def test_sequence_past_and_future_taps():
-  x = jnp.arange(10.0)
-  out = loops.scan_taps(lambda prev, now, nxt: prev + 10 * now + 100 * nxt,
-                        sequences=[{"input": x, "taps": [-1, 0, 1]}])
-  # steps = len - (max(maxtap, 0) - min(mintap, 0)) = 10 - (1 + 1)
-  want = [x[t] + 10 * x[t + 1] + 100 * x[t + 2] for t in range(8)]
-  np.testing.assert_allclose(out, jnp.stack(want))
-
-
-def test_positive_taps_only_shift_the_start():
-  x = jnp.arange(6.0)
-  out = loops.scan_taps(lambda a, b: a * b, sequences={"input": x, "taps": [2, 3]})
-  np.testing.assert_allclose(out, x[2:5] * x[3:6])
+@pytest.mark.parametrize('case', SMALL)
+def test_small_cases(case):
+  call, expected = SMALL[case]
+  np.testing.assert_array_equal(call(), jnp.array(expected))
 
 
 def rnn_step(x_prev, x_now, h2, h1, count, w):
@@ -82,51 +105,6 @@ def test_truncate_gradient_keeps_only_the_last_steps():
   assert_trees_close(got, want, depth=16)
   assert float(jnp.abs(got[2]).sum()) == 0.0
   assert float(jnp.abs(got[1][:5]).sum()) == 0.0 and float(jnp.abs(got[1][5:]).sum()) > 0.0
-
-
-def test_go_backwards_iterates_reversed_sequences():
-  x = jnp.arange(5.0)
-  out = loops.scan_taps(lambda now, total: total + now, sequences=x,
-                        outputs_info=jnp.float32(0.0), go_backwards=True)
-  assert out.tolist() == [4.0, 7.0, 9.0, 10.0, 10.0]
-
-
-def test_n_steps_runs_the_first_steps_of_longer_sequences():
-  out = loops.scan_taps(lambda x: x * 2.0, sequences=jnp.arange(6.0), n_steps=3)
-  assert out.tolist() == [0.0, 2.0, 4.0]
-
-
-def test_no_outputs_info_returns_every_output():
-  a, b = loops.scan_taps(lambda x: (x, -x), sequences=jnp.arange(3.0))
-  assert a.tolist() == [0.0, 1.0, 2.0] and b.tolist() == [-0.0, -1.0, -2.0]
-
-
-def test_taps_under_jit():
-  fib = jax.jit(lambda x0: loops.scan_taps(
-      lambda a, b: a + b, n_steps=4, outputs_info={"initial": x0, "taps": [-2, -1]}))
-  assert fib(jnp.array([1.0, 1.0])).tolist() == [2.0, 3.0, 5.0, 8.0]
-
-
-def test_a_lone_minus_one_tap_takes_the_state_itself_as_pytensor():
-  """PyTensor: {'initial': h0, 'taps': [-1]} is the same as a bare h0 (no time axis)."""
-  s = jnp.arange(8.0).reshape(4, 2)
-  h0 = jnp.array([1.0, -1.0])
-  step = lambda x, h: 0.5 * h + x
-  bare = loops.scan_taps(step, sequences=[s], outputs_info=[h0])
-  explicit = loops.scan_taps(step, sequences=[s], outputs_info=[{'initial': h0, 'taps': [-1]}])
-  np.testing.assert_allclose(explicit, bare)
-  np.testing.assert_allclose(bare, [[0.5, 0.5], [2.25, 3.25], [5.125, 6.625], [8.5625, 10.3125]])
-
-
-def test_go_backwards_keeps_each_tap_in_the_sequence_order_as_pytensor():
-  """Backwards, step t reads the window ending at the end: tap -1 is the element before."""
-  s = jnp.arange(6.0)
-  ys = loops.scan_taps(lambda a, b, c: 100 * a + 10 * b + c, go_backwards=True,
-                       sequences=[{'input': s, 'taps': [-1, 0, 1]}])
-  np.testing.assert_allclose(ys, [345.0, 234.0, 123.0, 12.0])
-  short = loops.scan_taps(lambda a, b, c: 100 * a + 10 * b + c, go_backwards=True, n_steps=2,
-                          sequences=[{'input': s, 'taps': [-1, 0, 1]}])
-  np.testing.assert_allclose(short, [345.0, 234.0])
 
 
 def _unrolled_taps(fn, seqs, outs, nons, n_steps):
@@ -209,8 +187,7 @@ PYTENSOR = {
 
 @pytest.mark.parametrize('go_backwards', [False, True])
 def test_sequence_taps_and_fed_back_outputs_match_pytensor(go_backwards):
-  s = jnp.arange(6.0)
-  digits = lambda *a: sum(v * 10 ** i for i, v in enumerate(a))
+  s = S6
   got = {taps: loops.scan_taps(digits, sequences=[{'input': s, 'taps': list(taps)}],
                                go_backwards=go_backwards)
          for taps in [(-1, 0), (0, 2), (-2, 1)]}

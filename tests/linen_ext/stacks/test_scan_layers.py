@@ -67,14 +67,11 @@ def both(fn):
   return fn(Model(use_scan=True)), fn(Model(use_scan=False))
 
 
-def test_init_equals_the_python_loop():
+def test_init_outputs_grads_rngs_and_state_equal_the_python_loop():
   ours, loop = both(lambda m: m.init(RNGS, X))
   assert sorted(ours['params']) == [f'layers_{i}' for i in range(N)]
   assert_trees_equal(ours, loop)
-
-
-def test_outputs_grads_rngs_and_state_equal_the_python_loop():
-  variables = Model(use_scan=False).init(RNGS, X)
+  variables = loop
   scales = jnp.array([1.0, 0.5, -1.0, 2.0])
 
   def run(model):
@@ -91,10 +88,7 @@ def test_outputs_grads_rngs_and_state_equal_the_python_loop():
   assert_trees_close(s_scan['intermediates'], s_loop['intermediates'], depth=N)
   assert s_scan['counter']['layers_3']['calls'] == 1
   assert not np.allclose(y_scan, Model().apply(variables, X, scales))  # dropout was on
-
-
-def test_rng_counters_continue_as_in_the_loop():
-  variables = Model(use_scan=False).init(RNGS, X)
+  # rng counters continue as in the loop when each layer runs once more afterwards
   ours, loop = both(lambda m: m.apply(variables, X, method='again',
                                       rngs={'dropout': jax.random.key(2)}))
   assert_trees_close(ours, loop, depth=N)
@@ -135,32 +129,32 @@ def test_jaxpr_has_one_scan_with_the_block_once_and_gradients_leave_by_one_unsta
 
 def test_works_under_jit_and_with_layers_made_in_a_compact_method():
   class Compact(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      return nn.scan_layers([Block(rate=0.0) for _ in range(3)], x)
+    scanned: bool = True
 
-  class CompactLoop(nn.Module):
     @nn.compact
     def __call__(self, x):
-      for layer in [Block(rate=0.0) for _ in range(3)]:
+      layers = [Block(rate=0.0) for _ in range(3)]
+      if self.scanned:
+        return nn.scan_layers(layers, x)
+      for layer in layers:
         x = layer(x)
       return x
 
-  variables = CompactLoop().init(KEY, X)
+  variables = Compact(scanned=False).init(KEY, X)
   assert sorted(variables['params']) == ['Block_0', 'Block_1', 'Block_2']
-  assert_trees_close(jax.jit(Compact().apply)(variables, X), CompactLoop().apply(variables, X), 3)
+  assert_trees_close(jax.jit(Compact().apply)(variables, X),
+                     Compact(scanned=False).apply(variables, X), depth=3)
 
 
 # -- errors -----------------------------------------------------------------------------
 
 
-class Mixed(nn.Module):
-  """Layers that differ in shape (features) or only in code (rate)."""
-  features: tuple = (4, 4, 4)
-  rates: tuple = (0.25, 0.25, 0.25)
+class Layers(nn.Module):
+  """scan_layers over the layers ``make()`` returns; ``loop`` runs the Python loop instead."""
+  make: object
 
   def setup(self):
-    self.layers = [Block(f, r) for f, r in zip(self.features, self.rates)]
+    self.layers = self.make()
 
   def __call__(self, x):
     return nn.scan_layers(self.layers, x)
@@ -171,91 +165,55 @@ class Mixed(nn.Module):
     return x
 
 
-def test_layers_with_different_shapes_are_refused_naming_index_path_and_shapes():
-  model = Mixed()
-  variables = model.init(KEY, X)
-  bad = jax.tree.map(lambda a: a, variables)
-  bad['params']['layers_2']['Dense_0']['kernel'] = jnp.zeros((4, 5))  # e.g. a wrong checkpoint
-  with pytest.raises(errors.LayerMismatchError,
-                     match=(r'layer 2 does not match layer 0: variable '
-                            r'params/Dense_0/kernel is shape \(4, 5\) dtype float32 in layer 2 '
-                            r'but shape \(4, 4\) dtype float32 in layer 0')):
-    model.apply(bad, X)
+def _wrong_checkpoint(variables):
+  variables['params']['layers_2']['Dense_0']['kernel'] = jnp.zeros((4, 5))
+  return variables
 
 
-def test_layers_with_different_code_are_refused():
-  model = Mixed(rates=(0.25, 0.5, 0.25))
-  variables = model.init(KEY, X, method='loop')
-  with pytest.raises(errors.LayerMismatchError,
-                     match=r"layer 1 runs other code than layer 0: field 'rate' is 0.5"):
-    model.apply(variables, X)
-  with pytest.raises(errors.LayerMismatchError, match='layer 1 runs other code'):
-    model.init(KEY, X)
+MISMATCHES = {  # name: (layers, corrupt variables, apply's error, match, init raises too)
+    'shapes': (lambda: [Block() for _ in range(3)], _wrong_checkpoint, errors.LayerMismatchError,
+               r'layer 2 does not match layer 0: variable params/Dense_0/kernel is shape \(4, 5\) '
+               r'dtype float32 in layer 2 but shape \(4, 4\) dtype float32 in layer 0', False),
+    'code': (lambda: [Block(4, r) for r in (0.25, 0.5, 0.25)], None, errors.LayerMismatchError,
+             r"layer 1 runs other code than layer 0: field 'rate' is 0.5", True),
+    # `normal(0.02)` is a new closure per layer: equal code and values are accepted (see
+    # test_layer_lists_are_the_flax_loop), another closed-over value is not.
+    'closures': (lambda: [nn.Dense(4, kernel_init=nn.initializers.normal(s)) for s in (0.02, 0.03)],
+                 None, errors.LayerMismatchError, 'layer 1.*kernel_init', True),
+    'same-module': (lambda: (lambda b: [b, b])(Block()), None, errors.LayerStackError,
+                    'layers 0 and 1 are the same module', True),
+    'carry-dtype': (lambda: [nn.Dense(4, dtype=jnp.bfloat16) for _ in range(3)], None,
+                    errors.LayerStackError, 'bfloat16.*dtype=x.dtype', False),
+}
 
 
-def test_no_layers_return_the_carry():
-  class Empty(nn.Module):
-    remat: object = 'nested'
+@pytest.mark.parametrize('case', MISMATCHES)
+def test_mismatched_layers_are_refused_naming_what_differs(case):
+  make, corrupt, error, match, at_init = MISMATCHES[case]
+  variables = Layers(make).init(KEY, X, method='loop')
+  with pytest.raises(error, match=match):
+    Layers(make).apply((corrupt or (lambda v: v))(variables), X)
+  if at_init:
+    with pytest.raises(error, match=match):
+      Layers(make).init(KEY, X)
+  else:
+    Layers(make).init(KEY, X)  # init runs the Python loop
 
-    def setup(self):
-      self.layers = []
 
-    def __call__(self, x):
-      return nn.scan_layers(self.layers, x, remat=self.remat)
-
-  variables = Empty().init(KEY, X)
-  assert not variables
-  np.testing.assert_array_equal(Empty().apply(variables, X), X)
+def test_no_layers_return_the_carry_and_misuse_is_refused():
+  assert not Layers(list).init(KEY, X)
+  run = lambda remat: nn.apply(lambda m: nn.scan_layers(m.layers, X, remat=remat), Layers(list))({})
+  np.testing.assert_array_equal(run('nested'), X)
   with pytest.raises(RematPolicyError, match="remat='sometimes'"):
-    Empty(remat='sometimes').apply({}, X)
+    run('sometimes')
   with pytest.raises(errors.LayerStackError, match='not a list'):
     nn.scan_layers(Block(), X)
-
-
-def test_misuse_is_refused():
-  class Shared(nn.Module):
-    def setup(self):
-      block = Block()
-      self.layers = [block, block]
-
-    def __call__(self, x):
-      return nn.scan_layers(self.layers, x)
-
-  with pytest.raises(errors.LayerStackError, match='layers 0 and 1 are the same module'):
-    Shared().init(KEY, X)
   with pytest.raises(errors.LayerStackError, match='not a bound Module'):
     nn.scan_layers([Block()], X)
   with pytest.raises(RematPolicyError, match='nested=5 outer blocks for a loop of 4 steps'):
     Model(remat=loops.ScanCheckpointPolicy(nested=5)).init(KEY, X)
   with pytest.raises(errors.LayerStackError, match='has 4 layers'):
     Model().init(RNGS, X, jnp.ones(3))
-
-
-def test_initializer_closures_computing_other_values_are_refused():
-  """`normal(0.02)` is a new closure per layer: equal code and values are accepted (see
-  test_layer_lists_are_the_flax_loop), another closed-over value is not."""
-  class Model(nn.Module):
-    def setup(self):
-      self.layers = [nn.Dense(4, kernel_init=nn.initializers.normal(s)) for s in (0.02, 0.03)]
-
-    def __call__(self, x):
-      return nn.scan_layers(self.layers, x)
-
-  with pytest.raises(errors.LayerMismatchError, match="layer 1.*kernel_init"):
-    Model().init(KEY, X)
-
-
-def test_a_layer_that_changes_the_carry_type_is_a_clear_error():
-  class Model(nn.Module):
-    def setup(self):
-      self.layers = [nn.Dense(4, dtype=jnp.bfloat16) for _ in range(3)]
-
-    def __call__(self, x):
-      return nn.scan_layers(self.layers, x)
-
-  variables = Model().init(KEY, X)  # init runs the Python loop
-  with pytest.raises(errors.LayerStackError, match='bfloat16.*dtype=x.dtype'):
-    Model().apply(variables, X)
 
 
 # -- a module shared by the layers (a field of each, bound outside them) --------------------
@@ -270,66 +228,40 @@ class SharedUser(nn.Module):
     return x + jnp.tanh(self.shared(nn.Dense(4)(x), train))
 
 
-class SharedHolder(nn.Module):
-  shared_cls: type
-  scanned: bool = True
+class Effect(nn.Module):
+  """A shared module that counts its calls ('count') or draws dropout ('drop')."""
+  kind: str
 
-  def setup(self):
-    self.shared = self.shared_cls()
-    self.layers = [SharedUser(self.shared) for _ in range(N)]
-
-  def __call__(self, x, train=False):
-    if self.scanned:
-      return nn.scan_layers(self.layers, x, train=train)
-    for layer in self.layers:
-      x = layer(x, train)
-    return x
-
-
-class Projection(nn.Module):
   @nn.compact
   def __call__(self, x, train=False):
-    del train
-    return nn.Dense(4, name='proj')(x)
+    if self.kind == 'count':
+      count = self.variable('counter', 'calls', jnp.zeros, (), jnp.int32)
+      count.value += 0 if self.is_initializing() else 1
+    return nn.Dropout(0.5, deterministic=self.kind != 'drop' or not train)(nn.Dense(4)(x))
 
 
-class CountingProjection(nn.Module):
-  @nn.compact
-  def __call__(self, x, train=False):
-    count = self.variable('counter', 'calls', jnp.zeros, (), jnp.int32)
-    if not self.is_initializing():
-      count.value += 1
-    return nn.Dense(4)(x)
-
-
-class DroppingProjection(nn.Module):
-  @nn.compact
-  def __call__(self, x, train=False):
-    return nn.Dropout(0.5, deterministic=not train)(nn.Dense(4)(x))
-
-
-def test_a_shared_module_is_read_by_every_step_and_gets_every_layers_gradient():
-  loop, scanned = SharedHolder(Projection, scanned=False), SharedHolder(Projection)
-  variables = loop.init(KEY, X)
-  assert jax.tree.map(jnp.shape, scanned.init(KEY, X)) == jax.tree.map(jnp.shape, variables)
-  loss = lambda model: lambda p: jnp.sum(model.apply({'params': p}, X) ** 2)
-  value, grads = jax.value_and_grad(loss(scanned))(variables['params'])
-  assert_trees_close((value, grads), jax.value_and_grad(loss(loop))(variables['params']), 2 * N)
-  assert np.any(np.asarray(grads['shared']['proj']['kernel']) != 0)
-  jaxpr = jax.make_jaxpr(lambda p: scanned.apply({'params': p}, X))(variables['params'])
-  assert sum(e.primitive.name == 'scan' for e in jaxpr.jaxpr.eqns) == 1
-
-
-@pytest.mark.parametrize('shared_cls, train, mutable, match', [
-    (CountingProjection, False, ['counter'], 'writes variable "calls" of collection "counter"'),
-    (DroppingProjection, True, False, 'draws from rng stream "dropout"'),
+@pytest.mark.parametrize('kind, train, mutable, match', [
+    ('count', False, ['counter'], 'writes variable "calls" of collection "counter"'),
+    ('drop', True, False, 'draws from rng stream "dropout"'),
 ])
 def test_a_shared_module_writing_or_drawing_inside_the_loop_is_a_clear_error(
-    shared_cls, train, mutable, match):
-  variables = SharedHolder(shared_cls, scanned=False).init(KEY, X)
+    kind, train, mutable, match):
+  class Holder(nn.Module):
+    def setup(self):
+      self.shared = Effect(kind)
+      self.layers = [SharedUser(self.shared) for _ in range(N)]
+
+    def __call__(self, x, train=False):
+      return nn.scan_layers(self.layers, x, train=train)
+
+    def loop(self, x, train=False):
+      for layer in self.layers:
+        x = layer(x, train)
+      return x
+
+  variables = Holder().init(KEY, X, method='loop')
   with pytest.raises(errors.LayerStackError, match=match) as info:
-    SharedHolder(shared_cls).apply(variables, X, train, rngs={'dropout': KEY},
-                                   mutable=mutable)
+    Holder().apply(variables, X, train, rngs={'dropout': KEY}, mutable=mutable)
   assert '/shared' in str(info.value)
 
 
@@ -345,27 +277,16 @@ class FlaxDropoutBlock(nn.Module):
 
 @pytest.mark.parametrize('jit', [False, True])
 def test_a_wrapped_flax_layer_drawing_inside_the_loop_is_a_clear_error(jit):
-  class Net(nn.Module):
-    deterministic: bool
-    scanned: bool = True
-
-    def setup(self):
-      self.layers = [FlaxDropoutBlock(self.deterministic) for _ in range(3)]
-
-    def __call__(self, x):
-      if self.scanned:
-        return nn.scan_layers(self.layers, x)
-      for layer in self.layers:
-        x = layer(x)
-      return x
-
-  wrap = nn.jit if jit else (lambda cls: cls)
-  variables = Net(False, scanned=False).init(RNGS, X)
-  with pytest.raises(errors.LayerStackError, match=r'flax layer at .*layers_0/Dropout_0.*nn.Dropout'):
-    wrap(Net)(False).apply(variables, X, rngs={'dropout': KEY})
+  net = lambda deterministic: (nn.jit(Layers) if jit else Layers)(
+      lambda: [FlaxDropoutBlock(deterministic) for _ in range(3)])
+  variables = net(False).init(RNGS, X, method='loop')
+  match = r'flax layer at .*layers_0/Dropout_0.*nn.Dropout'
+  with pytest.raises(errors.LayerStackError, match=match):
+    net(False).apply(variables, X, rngs={'dropout': KEY})
   # Without draws the wrapped layer runs in the loop as it does in the Python loop.
-  assert_trees_close(wrap(Net)(True).apply(variables, X, rngs={'dropout': KEY}),
-                     Net(True, scanned=False).apply(variables, X), depth=3)
+  assert_trees_close(net(True).apply(variables, X, rngs={'dropout': KEY}),
+                     Layers(lambda: [FlaxDropoutBlock(True) for _ in range(3)]).apply(
+                         variables, X, method='loop'), depth=3)
 
 
 # -- against a flax Python loop -------------------------------------------------------------
@@ -446,10 +367,10 @@ def test_scan_layers_under_nn_vmap_nn_remat_and_nn_jit_is_the_flax_loop():
 
 
 def _dense_and_norms(n):
-  def make(m, module):
+  def dense_and_norms(m, module):
     module.layers = [m.Dense(4, use_bias=False) for _ in range(n)]
     module.norms = [m.LayerNorm() for _ in range(n)]
-  return make
+  return dense_and_norms
 
 
 def _equal_closures(m, module):  # found by the audit (fixed in c5a77a3): was 'other code'
@@ -494,6 +415,9 @@ def test_layer_lists_are_the_flax_loop(make_layers):
   grad = lambda m: jax.value_and_grad(lambda p: jnp.sum(
       m.apply({'params': p}, X) ** 2))(variables['params'])
   assert_trees_close(grad(model(nn, True)), grad(model(flax_nn, False)), depth=52)
+  jaxpr = jax.make_jaxpr(lambda v: model(nn, True).apply(v, X))(variables).jaxpr
+  groups = 2 if make_layers.__name__ == 'dense_and_norms' else 1  # one scan per group
+  assert sum(e.primitive.name == 'scan' for e in jaxpr.eqns) == groups
 
 
 def test_decoding_with_a_kv_cache_through_scan_layers_and_stacked_is_flax_decoding():

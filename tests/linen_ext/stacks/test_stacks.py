@@ -9,6 +9,7 @@ Known differences are strict xfails: each flips to a failure when fixed.
 """
 import functools
 import inspect
+import types
 
 import flax.linen as fnn
 import jax
@@ -53,7 +54,9 @@ def flax_scan(block, n, **kw):
   return fnn.scan(Step, variable_axes={True: 0}, split_rngs={True: True}, length=n, **kw)
 
 
-def gated_block(m):
+@functools.cache
+def blocks(m):
+  """Every block of these tests, written once for ``m`` (`linen_ext` or `flax.linen`)."""
   class Block(m.Module):
     """A residual block with a wrapped Dense, a native parameter and a named internal."""
     features: int = 4
@@ -63,10 +66,7 @@ def gated_block(m):
       h = loops.checkpoint_name(jnp.tanh(m.Dense(self.features)(x)), 'h')
       gate = self.param('gate', m.initializers.normal(0.5), (self.features,))
       return x + scale * h * gate[None]
-  return Block
 
-
-def setup_block(m):
   class SetupBlock(m.Module):
     features: int = 4
 
@@ -76,27 +76,18 @@ def setup_block(m):
 
     def __call__(self, x):
       return x + jnp.tanh(self.d(x)) * self.g[None]
-  return SetupBlock
 
-
-def dropout_block(m):
   class DropBlock(m.Module):
     @m.compact
     def __call__(self, x, train: bool = True):
       return x + jnp.tanh(m.Dropout(0.5, deterministic=not train)(m.Dense(4)(x)))
-  return DropBlock
 
-
-def batchnorm_block(m):
   class BNBlock(m.Module):
     @m.compact
     def __call__(self, x, train: bool = True):
       return x + jnp.tanh(m.BatchNorm(use_running_average=not train, momentum=0.7)(m.Dense(4)(x)))
-  return BNBlock
 
-
-def full_block(m):
-  """Dense, BatchNorm, dropout, a named internal and a keyword-only argument."""
+  # Dense, BatchNorm, dropout, a named internal and a keyword-only argument:
   class FullBlock(m.Module):
     @m.compact
     def __call__(self, x, scale=1.0, *, train=True):
@@ -104,10 +95,7 @@ def full_block(m):
       h = m.BatchNorm(use_running_average=not train, momentum=0.5)(h)
       h = m.Dropout(0.3, deterministic=not train)(jnp.sin(h))
       return x + scale * h
-  return FullBlock
 
-
-def partitioned_block(m):
   class PBlock(m.Module):
     @m.compact
     def __call__(self, x):
@@ -115,16 +103,29 @@ def partitioned_block(m):
                      (4, 4))
       kernel_init = m.with_partitioning(m.initializers.lecun_normal(), (None, 'mlp'))
       return jnp.tanh(x @ w + m.Dense(4, kernel_init=kernel_init)(x))
-  return PBlock
 
-
-def native_block(m):
   class Native(m.Module):
     @m.compact
     def __call__(self, x):
       w = self.param('w', m.initializers.normal(0.5), (4, 4))
       return x + jnp.tanh(loops.checkpoint_name(x @ w, 'h'))
-  return Native
+
+  class Counting(m.Module):
+    @m.compact
+    def __call__(self, x):
+      h = m.Dense(4)(x)
+      self.sow('intermediates', 'h', h)
+      count = self.variable('counter', 'n', lambda: jnp.zeros((), jnp.int32))
+      count.value += 1
+      return x + jnp.tanh(h)
+
+  class PerLayer(m.Module):
+    @m.compact
+    def __call__(self, x, cfg, idx, *, shift):
+      h = m.Dense(4)(x) * cfg['scale'] + cfg['bias'][None] + shift[None]
+      return x + jnp.tanh(h) * (idx.astype(jnp.float32) + 1.0)
+
+  return types.SimpleNamespace(**locals())
 
 
 def named(m, stack, name='s'):
@@ -136,7 +137,8 @@ def named(m, stack, name='s'):
   return Parent
 
 
-Block, FlaxBlock = gated_block(nn), gated_block(fnn)
+NB, FB = blocks(nn), blocks(fnn)  # ours and flax's
+Block = NB.Block
 
 
 class ScanBlock(nn.Module):
@@ -202,21 +204,22 @@ def test_signatures():
 # -- creation and computation against flax ----------------------------------------------
 
 
-@pytest.mark.parametrize('make', [gated_block, setup_block], ids=['compact', 'setup'])
+@pytest.mark.parametrize('make', ['Block', 'SetupBlock'], ids=['compact', 'setup'])
 @pytest.mark.parametrize('n', [1, 2, 5, 7, 13])
 def test_stacked_inits_as_flax_vmap_and_applies_as_flax_scan(make, n):
-  ours = nn.Stacked(make(nn), n).init(KEY, X)
-  assert_trees_equal(ours, flax_vmap(make(fnn), n)().init(KEY, X))
-  assert_trees_equal(ours, jax.vmap(lambda k: make(nn)().init(k, X))(jax.random.split(KEY, n)))
-  assert_trees_close(nn.Stacked(make(nn), n).apply(ours, X),
-                     flax_scan(make(fnn), n)().apply(ours, X)[0], depth=n)
+  ours = nn.Stacked(getattr(NB, make), n).init(KEY, X)
+  assert_trees_equal(ours, flax_vmap(getattr(FB, make), n)().init(KEY, X))
+  keys = jax.random.split(KEY, n)
+  assert_trees_equal(ours, jax.vmap(lambda k: getattr(NB, make)().init(k, X))(keys))
+  assert_trees_close(nn.Stacked(getattr(NB, make), n).apply(ours, X),
+                     flax_scan(getattr(FB, make), n)().apply(ours, X)[0], depth=n)
 
 
 def test_stacked_of_a_partial_defined_in_setup_inits_as_flax():
   def model(m, stack):
     class Model(m.Module):
       def setup(self):
-        self.stack = stack(functools.partial(setup_block(m), features=4), 3)
+        self.stack = stack(functools.partial(blocks(m).SetupBlock, features=4), 3)
 
       def __call__(self, x):
         return self.stack(x)
@@ -227,47 +230,54 @@ def test_stacked_of_a_partial_defined_in_setup_inits_as_flax():
 
 
 def test_stacked_dropout_draws_as_flax_scan_and_vmap():
-  ours = named(nn, functools.partial(nn.Stacked, dropout_block(nn), 3))()
-  theirs = named(fnn, flax_scan(dropout_block(fnn), 3, in_axes=(fnn.broadcast,)))()
+  ours = named(nn, functools.partial(nn.Stacked, NB.DropBlock, 3))()
+  theirs = named(fnn, flax_scan(FB.DropBlock, 3, in_axes=(fnn.broadcast,)))()
   variables = ours.init(RNGS, X)
-  assert_trees_equal(variables, named(fnn, flax_vmap(dropout_block(fnn), 3))().init(RNGS, X))
+  assert_trees_equal(variables, named(fnn, flax_vmap(FB.DropBlock, 3))().init(RNGS, X))
   for train in (True, False):
     assert_trees_close(ours.apply(variables, X, train=train, rngs=DROP),
                        theirs.apply(variables, X, train, rngs=DROP)[0], depth=3)
   assert_trees_close(ours.apply(variables, X, True, rngs=DROP),  # positional
                      theirs.apply(variables, X, True, rngs=DROP)[0], depth=3)
   stacked = {'params': variables['params']['s']}
-  assert_trees_close(nn.Stacked(dropout_block(nn), 3).apply(stacked, X, rngs=DROP, method='vmap'),
-                     flax_vmap(dropout_block(fnn), 3)().apply(stacked, X, rngs=DROP), depth=1)
+  assert_trees_close(nn.Stacked(NB.DropBlock, 3).apply(stacked, X, rngs=DROP, method='vmap'),
+                     flax_vmap(FB.DropBlock, 3)().apply(stacked, X, rngs=DROP), depth=1)
 
 
 def test_stacked_batchnorm_state_as_flax():
-  ours = nn.Stacked(batchnorm_block(nn), 3)
+  ours = nn.Stacked(NB.BNBlock, 3)
   variables = ours.init(KEY, X)
-  assert_trees_equal(variables, flax_vmap(batchnorm_block(fnn), 3)().init(KEY, X))
+  assert_trees_equal(variables, flax_vmap(FB.BNBlock, 3)().init(KEY, X))
   y, state = ours.apply(variables, X, mutable=['batch_stats'])
-  (fy, _), fstate = flax_scan(batchnorm_block(fnn), 3)().apply(variables, X,
+  (fy, _), fstate = flax_scan(FB.BNBlock, 3)().apply(variables, X,
                                                               mutable=['batch_stats'])
   assert_trees_close((y, state), (fy, fstate), depth=3)
   updated = {**variables, **state}
   assert_trees_close(ours.apply(updated, X, train=False),
-                     flax_scan(batchnorm_block(fnn), 3, in_axes=(fnn.broadcast,))().apply(
+                     flax_scan(FB.BNBlock, 3, in_axes=(fnn.broadcast,))().apply(
                          updated, X, False)[0], depth=3)
   assert_trees_close(ours.apply(variables, X, mutable=['batch_stats'], method='vmap'),
-                     flax_vmap(batchnorm_block(fnn), 3)().apply(variables, X,
+                     flax_vmap(FB.BNBlock, 3)().apply(variables, X,
                                                                 mutable=['batch_stats']), 1)
 
 
 def test_stacked_partition_names_get_the_layer_axis_as_in_flax():
-  ours = nn.Stacked(partitioned_block(nn), 3, metadata_params=LAYERS_AXIS).init(KEY, X)
-  theirs = flax_vmap(partitioned_block(fnn), 3, metadata_params=LAYERS_AXIS)().init(KEY, X)
+  ours = nn.Stacked(NB.PBlock, 3, metadata_params=LAYERS_AXIS).init(KEY, X)
+  theirs = flax_vmap(FB.PBlock, 3, metadata_params=LAYERS_AXIS)().init(KEY, X)
   assert_trees_equal(ours, theirs)
   assert nn.get_partition_spec(ours) == fnn.get_partition_spec(theirs)
+  assert isinstance(ours['params']['w'], meta.Partitioned)
   assert ours['params']['w'].names == ('layers', 'embed', 'mlp')
+  layers = nn.stacked_to_layers(ours, metadata_params=LAYERS_AXIS)
+  assert layers['params']['layers_2']['w'].names == ('embed', 'mlp')
+  assert layers['params']['layers_2']['w'].value.shape == (4, 4)
+  assert_trees_equal(nn.layers_to_stacked(layers, metadata_params=LAYERS_AXIS), ours)
+  assert_trees_close(nn.Stacked(NB.PBlock, 3, metadata_params=LAYERS_AXIS).apply(
+      ours, X), nn.BlockSeq(NB.PBlock, 3).apply(layers, X), depth=3)
 
-  stacked = named(nn, functools.partial(nn.Stacked, partitioned_block(nn), 3,
+  stacked = named(nn, functools.partial(nn.Stacked, NB.PBlock, 3,
                                         metadata_params=LAYERS_AXIS))
-  scanned = named(fnn, flax_scan(partitioned_block(fnn), 3, metadata_params=LAYERS_AXIS))
+  scanned = named(fnn, flax_scan(FB.PBlock, 3, metadata_params=LAYERS_AXIS))
   variables = scanned().init(KEY, X)
   assert jax.tree.structure(stacked().init(KEY, X)) == jax.tree.structure(variables)
   assert nn.get_partition_spec(stacked().init(KEY, X)) == fnn.get_partition_spec(variables)
@@ -285,9 +295,9 @@ def test_stacked_in_an_outer_vmap_names_both_axes_as_flax():
     return m.vmap(Model, variable_axes={'params': 1}, split_rngs={'params': True}, axis_size=2,
                   metadata_params={nn.PARTITION_NAME: 'ens'})()
 
-  ours = model(nn, lambda x: nn.Stacked(partitioned_block(nn), 3, metadata_params=LAYERS_AXIS,
+  ours = model(nn, lambda x: nn.Stacked(NB.PBlock, 3, metadata_params=LAYERS_AXIS,
                                         name='s')(x))
-  theirs = model(fnn, lambda x: flax_vmap(partitioned_block(fnn), 3,
+  theirs = model(fnn, lambda x: flax_vmap(FB.PBlock, 3,
                                           metadata_params=LAYERS_AXIS)(name='s')(x)[-1])
   ours, theirs = ours.init(KEY, jnp.stack([X, -X])), theirs.init(KEY, jnp.stack([X, -X]))
   assert_trees_equal(ours, theirs)
@@ -296,7 +306,7 @@ def test_stacked_in_an_outer_vmap_names_both_axes_as_flax():
 
 def test_stacked_scan_mode_with_state_and_dropout_as_flax_scan():
   def make(m):
-    class ScanFull(full_block(m)):
+    class ScanFull(blocks(m).FullBlock):
       def __call__(self, x, train=True):
         y = super().__call__(x, train=train)
         return y, {'s': jnp.sum(y, -1)}
@@ -354,15 +364,15 @@ def test_a_stack_called_twice_draws_as_flax_scan_called_twice():
         return y, z, m.Dropout(0.5, deterministic=False)(z)
     return Model()
 
-  ours = model(nn, functools.partial(nn.Stacked, dropout_block(nn), 3))
+  ours = model(nn, functools.partial(nn.Stacked, NB.DropBlock, 3))
   first = lambda stack: lambda x: stack(x)[0]
-  theirs = model(fnn, lambda name: first(flax_scan(dropout_block(fnn), 3)(name=name)))
+  theirs = model(fnn, lambda name: first(flax_scan(FB.DropBlock, 3)(name=name)))
   variables = ours.init(RNGS, X)
   assert_trees_close(ours.apply(variables, X, rngs=DROP), theirs.apply(variables, X, rngs=DROP), 6)
 
 
 def test_nested_stacks_init_as_nested_flax_vmaps_and_run_as_nested_lax_scans():
-  bn = batchnorm_block
+  bn = lambda m: blocks(m).BNBlock
 
   class Inner(nn.Module):
     @nn.compact
@@ -405,9 +415,9 @@ def test_stacked_inside_an_outer_broadcast_scan_as_flax():
                           name='cell')(c, xs)
     return Outer()
 
-  ours = outer(nn, cell(nn, lambda c: nn.Stacked(dropout_block(nn), n, name='stack')(c)))
-  by_vmap = outer(fnn, cell(fnn, lambda c: flax_vmap(dropout_block(fnn), n)(name='stack')(c)[-1]))
-  by_scan = outer(fnn, cell(fnn, lambda c: flax_scan(dropout_block(fnn), n)(name='stack')(c)[0]))
+  ours = outer(nn, cell(nn, lambda c: nn.Stacked(NB.DropBlock, n, name='stack')(c)))
+  by_vmap = outer(fnn, cell(fnn, lambda c: flax_vmap(FB.DropBlock, n)(name='stack')(c)[-1]))
+  by_scan = outer(fnn, cell(fnn, lambda c: flax_scan(FB.DropBlock, n)(name='stack')(c)[0]))
   xs = jnp.linspace(-1.0, 1.0, steps * 8).reshape(steps, 2, 4)
   c0 = jnp.zeros((2, 4))
   variables = ours.init(RNGS, c0, xs)
@@ -434,35 +444,26 @@ def test_fold_agrees_across_stacked_blockseq_scan_layers_and_the_loop():
   for model in (Loop(), nn.BlockSeq(Block, N), ScanLayersLoop()):
     assert_trees_close(value_and_grad(model, layers),
                        (y_stacked, nn.stacked_to_layers({'params': g_stacked})['params']), 2 * N)
-
-
-def test_stacked_jaxpr_has_one_scan_with_the_block_once():
-  jaxpr = jax.make_jaxpr(lambda v: nn.Stacked(Block, N).apply(v, X))(stacked_variables())
-  scans = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == 'scan']
+  jaxpr = jax.make_jaxpr(lambda v: nn.Stacked(Block, N).apply(v, X))(stacked).jaxpr
+  scans = [e for e in jaxpr.eqns if e.primitive.name == 'scan']  # one scan, the block once
   assert len(scans) == 1 and scans[0].params['length'] == N
-  body = scans[0].params['jaxpr'].jaxpr
-  assert [e.primitive.name for e in body.eqns].count('dot_general') == 1
-  assert 'dot_general' not in [e.primitive.name for e in jaxpr.jaxpr.eqns]
+  assert [e.primitive.name for e in scans[0].params['jaxpr'].jaxpr.eqns].count('dot_general') == 1
+  assert 'dot_general' not in [e.primitive.name for e in jaxpr.eqns]
 
 
 # -- remat: every policy gives the values, gradients and state of remat=False -------------
 
 
-POLICIES = [True, 'full', 'nested', 'offload', 'save_all',
-            loops.ScanCheckpointPolicy(save_block_internals=['h']),
-            loops.ScanCheckpointPolicy(offload_block_internals=['h']),
-            loops.ScanCheckpointPolicy(save_carries='offload'),
-            loops.ScanCheckpointPolicy(save_inputs='offload'),
-            loops.ScanCheckpointPolicy(nested=1),
-            loops.ScanCheckpointPolicy(nested=3),
-            loops.ScanCheckpointPolicy(nested=True, save_carries='offload'),
-            loops.ScanCheckpointPolicy(prevent_cse=True),
-            loops.ScanCheckpointPolicy(jax_policy=jax.checkpoint_policies.dots_saveable)]
+P = loops.ScanCheckpointPolicy
+POLICIES = [True, 'full', 'nested', 'offload', 'save_all', P(save_block_internals=['h']),
+            P(offload_block_internals=['h']), P(save_carries='offload'), P(save_inputs='offload'),
+            P(nested=1), P(nested=3), P(nested=True, save_carries='offload'), P(prevent_cse=True),
+            P(jax_policy=jax.checkpoint_policies.dots_saveable)]
 SHORT_POLICIES = [True, 'nested', 'save_all', loops.ScanCheckpointPolicy(nested=2)]
 
 
 def _full_grads(cls, remat, variables, n):
-  model = cls(full_block(nn), n, remat=remat)
+  model = cls(NB.FullBlock, n, remat=remat)
   scales = nn.per_layer(jnp.arange(n, dtype=jnp.float32) / n + 0.5)
   return grad_with_state(lambda v: model.apply(v, X, scales, rngs=DROP, mutable=['batch_stats']),
                          variables)
@@ -472,7 +473,7 @@ def _full_grads(cls, remat, variables, n):
     (p, n) for n in (1, 2, 13) for p in SHORT_POLICIES if not getattr(p, 'nested', 0) > n],
     ids=str)
 def test_every_policy_keeps_values_grads_and_state_of_a_stateful_dropout_block(remat, n):
-  variables = nn.Stacked(full_block(nn), n).init(RNGS, X)
+  variables = nn.Stacked(NB.FullBlock, n).init(RNGS, X)
   assert_trees_close(_full_grads(nn.Stacked, remat, variables, n),
                      _full_grads(nn.Stacked, False, variables, n), depth=3 * n)
   layers = nn.stacked_to_layers(variables)
@@ -484,7 +485,7 @@ def test_every_policy_keeps_values_grads_and_state_of_a_stateful_dropout_block(r
                                    loops.ScanCheckpointPolicy(nested=2),
                                    loops.ScanCheckpointPolicy(nested=3)], ids=str)
 def test_policies_keep_hessians_vmapped_input_gradients_and_grads_under_nn_vmap_and_nn_remat(remat):
-  block = native_block(nn)
+  block = NB.Native
   variables = nn.Stacked(block, 3).init(KEY, X)
 
   class Model(nn.Module):
@@ -528,7 +529,7 @@ def test_nested_remat_with_a_shared_mask_or_dropout_keys_under_grad_of_jit():
 
     @nn.compact
     def __call__(self, x):
-      return nn.Stacked(dropout_block(nn), 3, remat=self.remat)(x)
+      return nn.Stacked(NB.DropBlock, 3, remat=self.remat)(x)
 
   variables = Model().init(RNGS, X)
   grad = lambda remat: jax.grad(lambda p: jnp.sum(nn.jit(Model)(remat=remat).apply(
@@ -541,7 +542,7 @@ def test_nested_remat_with_a_shared_mask_or_dropout_keys_under_grad_of_jit():
     'flax.linen.remat/jax.checkpoint support forward mode (documented in '
     'lift/loops/nested.py, not in SPEC)'))
 def test_nested_remat_supports_forward_mode_as_jax_checkpoint():
-  block = native_block(nn)
+  block = NB.Native
   variables = nn.Stacked(block, 3).init(KEY, X)
   tangent = jax.tree.map(jnp.cos, variables['params'])
   jvp = lambda remat: jax.jvp(lambda p: nn.Stacked(block, 3, remat=remat).apply(
@@ -558,7 +559,7 @@ class _OurModel(nn.Module):
   @nn.compact
   def __call__(self, x, train=True):
     x = nn.Dense(4, name='inp')(x)
-    return nn.Stacked(dropout_block(nn), 3, remat=self.remat, name='stack')(x, train=train)
+    return nn.Stacked(NB.DropBlock, 3, remat=self.remat, name='stack')(x, train=train)
 
 
 class _FlaxModel(fnn.Module):
@@ -568,21 +569,18 @@ class _FlaxModel(fnn.Module):
   def __call__(self, x, train=True):
     x = fnn.Dense(4, name='inp')(x)
     if self.init_by_vmap:
-      return flax_vmap(dropout_block(fnn), 3, in_axes=(None, None))(name='stack')(x, train)
-    return flax_scan(dropout_block(fnn), 3, in_axes=(fnn.broadcast,))(name='stack')(x, train)[0]
+      return flax_vmap(FB.DropBlock, 3, in_axes=(None, None))(name='stack')(x, train)
+    return flax_scan(FB.DropBlock, 3, in_axes=(fnn.broadcast,))(name='stack')(x, train)[0]
 
 
-def test_stacked_model_under_nn_vmap_as_flax():
+def test_stacked_model_under_nn_vmap_nn_remat_and_jax_transforms_as_flax():
   axes = dict(variable_axes={'params': 0}, split_rngs={'params': True, 'dropout': True},
               axis_size=2)
   xs = jnp.stack([X, -X])
-  variables = nn.vmap(_OurModel, **axes)().init(RNGS, xs)
-  assert_trees_equal(variables, fnn.vmap(_FlaxModel, **axes)(init_by_vmap=True).init(RNGS, xs))
-  assert_trees_close(nn.vmap(_OurModel, **axes)().apply(variables, xs, rngs=DROP),
-                     fnn.vmap(_FlaxModel, **axes)().apply(variables, xs, rngs=DROP), depth=4)
-
-
-def test_stacked_model_under_nn_remat_and_jax_transforms_as_flax():
+  ens = nn.vmap(_OurModel, **axes)().init(RNGS, xs)
+  assert_trees_equal(ens, fnn.vmap(_FlaxModel, **axes)(init_by_vmap=True).init(RNGS, xs))
+  assert_trees_close(nn.vmap(_OurModel, **axes)().apply(ens, xs, rngs=DROP),
+                     fnn.vmap(_FlaxModel, **axes)().apply(ens, xs, rngs=DROP), depth=4)
   variables = _OurModel().init(RNGS, X)
   assert_trees_equal(variables, _FlaxModel(init_by_vmap=True).init(RNGS, X))
   assert_trees_equal(nn.remat(_OurModel)().init(RNGS, X), variables)
@@ -643,15 +641,10 @@ def test_per_layer_rows_reach_their_layer():
                      Loop().apply(layers, X, [0.5] * N), depth=N)
   assert_trees_close(nn.Stacked(Block, N).apply(stacked, X, scale=2.0),
                      Loop().apply(layers, X, [2.0] * N), depth=N)
-
-
-def _per_layer_block(m):
-  class PerLayer(m.Module):
-    @m.compact
-    def __call__(self, x, cfg, idx, *, shift):
-      h = m.Dense(4)(x) * cfg['scale'] + cfg['bias'][None] + shift[None]
-      return x + jnp.tanh(h) * (idx.astype(jnp.float32) + 1.0)
-  return PerLayer
+  with pytest.raises(errors.LayerStackError, match=r'leading axis 3 .* the stack has 4 layers'):
+    nn.Stacked(Block, N).apply(stacked, X, nn.per_layer(jnp.ones(3)))
+  with pytest.raises(errors.LayerStackError, match='scalar'):
+    nn.per_layer(jnp.float32(1.0))
 
 
 @pytest.mark.parametrize('remat', [False, True, 'nested', loops.ScanCheckpointPolicy(nested=2)],
@@ -663,12 +656,12 @@ def test_per_layer_pytrees_and_their_gradients_as_a_hand_written_scan(remat):
          'bias': jnp.asarray(r.randn(n, 4), jnp.float32)}
   shift = jnp.asarray(r.randn(n, 1), jnp.float32)
   idx = jnp.arange(n)
-  block = _per_layer_block(nn)
+  block = NB.PerLayer
   variables = nn.Stacked(block, n).init(KEY, X, nn.per_layer(cfg), nn.per_layer(idx),
                                         shift=nn.per_layer(shift))
 
   def hand(p, cfg, shift):
-    step = lambda x, s: (_per_layer_block(fnn)().apply({'params': s[0]}, x, s[1], s[2],
+    step = lambda x, s: (FB.PerLayer().apply({'params': s[0]}, x, s[1], s[2],
                                                       shift=s[3]), None)
     return lax.scan(step, X, (p, cfg, idx, shift))[0]
 
@@ -698,39 +691,21 @@ def test_per_layer_pytrees_and_their_gradients_as_a_hand_written_scan(remat):
     assert_trees_close((value, (gp, gc, gs)), expected, depth=40)
 
 
-def test_per_layer_with_the_wrong_number_of_rows_is_refused():
-  with pytest.raises(errors.LayerStackError, match=r'leading axis 3 .* the stack has 4 layers'):
-    nn.Stacked(Block, N).apply(stacked_variables(), X, nn.per_layer(jnp.ones(3)))
-  with pytest.raises(errors.LayerStackError, match='scalar'):
-    nn.per_layer(jnp.float32(1.0))
-
-
 # -- scan, vmap, fold_via, scan_via, unstacked -------------------------------------------
 
 
-def test_scan_stacks_the_outs_of_every_layer():
+def test_scan_vmap_fold_via_and_scan_via_run_each_layer():
   variables = nn.Stacked(ScanBlock, N).init(KEY, X, method='scan')
   assert_trees_equal(variables, nn.Stacked(ScanBlock, N).init(KEY, X, method='vmap'))
-  layers = nn.stacked_to_layers(variables)
+  scan_layers = nn.stacked_to_layers(variables)
   x, expected = X, []
   for i in range(N):
-    x, out = ScanBlock().apply({'params': layers['params'][f'layers_{i}']}, x)
+    x, out = ScanBlock().apply({'params': scan_layers['params'][f'layers_{i}']}, x)
     expected.append(out)
   assert_trees_close(nn.Stacked(ScanBlock, N).apply(variables, X, method='scan'),
                      (x, jnp.stack(expected)), depth=N)
-  assert_trees_close(nn.BlockSeq(ScanBlock, N).apply(layers, X, method='scan'),
+  assert_trees_close(nn.BlockSeq(ScanBlock, N).apply(scan_layers, X, method='scan'),
                      (x, jnp.stack(expected)), depth=N)
-
-
-def test_vmap_runs_every_layer_on_the_same_input():
-  layers = nn.stacked_to_layers(stacked_variables())
-  expected = jnp.stack([layer(i, X) for i in range(N)])
-  assert_trees_close(nn.Stacked(Block, N).apply(stacked_variables(), X, method='vmap'), expected, 1)
-  assert_trees_close(nn.BlockSeq(Block, N).apply(layers, X, method='vmap'), expected, 1)
-
-
-def test_fold_via_and_scan_via_call_fn_with_each_block():
-  layers = nn.stacked_to_layers(stacked_variables())
   via = lambda stack: stack.fold_via(lambda block, x, k: block(x) * k + 1.0)(X, 0.5)
   scan_via = lambda stack: stack.scan_via(lambda b, x: (b(x), x.sum()))(X)
   x, y, sums = X, X, []
@@ -738,25 +713,27 @@ def test_fold_via_and_scan_via_call_fn_with_each_block():
     x = layer(i, x) * 0.5 + 1.0
     sums.append(y.sum())
     y = layer(i, y)
-  for stack, variables in ((nn.Stacked(Block, N), stacked_variables()),
-                           (nn.BlockSeq(Block, N), layers)):
-    assert_trees_close(stack.apply(variables, method=via), x, depth=N)
-    assert_trees_close(stack.apply(variables, method=scan_via), (y, jnp.stack(sums)), depth=N)
+  for stack, v in ((nn.Stacked(Block, N), stacked_variables()),
+                   (nn.BlockSeq(Block, N), nn.stacked_to_layers(stacked_variables()))):
+    assert_trees_close(stack.apply(v, X, method='vmap'),  # every layer on the same input
+                       jnp.stack([layer(i, X) for i in range(N)]), depth=1)
+    assert_trees_close(stack.apply(v, method=via), x, depth=N)
+    assert_trees_close(stack.apply(v, method=scan_via), (y, jnp.stack(sums)), depth=N)
 
 
 def test_unstacked_views_are_flax_bound_layers():
-  variables = nn.Stacked(partitioned_block(nn), 3, metadata_params=LAYERS_AXIS).init(KEY, X)
+  variables = nn.Stacked(NB.PBlock, 3, metadata_params=LAYERS_AXIS).init(KEY, X)
   views = lambda stack, v: stack.apply(v, method=lambda s: [view(X) for view in s.unstacked()])
-  ys = views(nn.Stacked(partitioned_block(nn), 3, metadata_params=LAYERS_AXIS), variables)
+  ys = views(nn.Stacked(NB.PBlock, 3, metadata_params=LAYERS_AXIS), variables)
   rows = nn.unbox(variables)
   for i, y in enumerate(ys):
-    assert_trees_close(y, partitioned_block(fnn)().apply(jax.tree.map(lambda a: a[i], rows), X), 1)
+    assert_trees_close(y, FB.PBlock().apply(jax.tree.map(lambda a: a[i], rows), X), 1)
   layers = nn.stacked_to_layers(stacked_variables())
   assert_trees_close(views(nn.BlockSeq(Block, N), layers),
                      [layer(i, X) for i in range(N)], depth=1)
-  bn = nn.Stacked(batchnorm_block(nn), 3)
+  bn = nn.Stacked(NB.BNBlock, 3)
   bn_vars = bn.init(KEY, X)
-  flax_bound = batchnorm_block(fnn)().bind(jax.tree.map(lambda a: a[0], bn_vars))
+  flax_bound = FB.BNBlock().bind(jax.tree.map(lambda a: a[0], bn_vars))
   with pytest.raises(flax_errors.ModifyScopeVariableError) as theirs:
     flax_bound(X, train=True)
   with pytest.raises(ImmutableCollectionError, match='"mean" in "/BatchNorm_0"') as ours:
@@ -767,57 +744,33 @@ def test_unstacked_views_are_flax_bound_layers():
 # -- state, init, metadata, layouts ---------------------------------------------------------
 
 
-def counting_block(m):
-  class Counting(m.Module):
-    @m.compact
-    def __call__(self, x):
-      h = m.Dense(4)(x)
-      self.sow('intermediates', 'h', h)
-      count = self.variable('counter', 'n', lambda: jnp.zeros((), jnp.int32))
-      count.value += 1
-      return x + jnp.tanh(h)
-  return Counting
-
-
 def test_init_runs_the_block_once_as_flax_under_every_policy_and_apply_stacks_state():
-  ours = nn.Stacked(counting_block(nn), 3).init(KEY, X, mutable=True)
-  scanned = flax_scan(counting_block(fnn), 3)().init(KEY, X, mutable=True)
-  vmapped = flax_vmap(counting_block(fnn), 3)().init(KEY, X, mutable=True)
+  ours = nn.Stacked(NB.Counting, 3).init(KEY, X, mutable=True)
+  scanned = flax_scan(FB.Counting, 3)().init(KEY, X, mutable=True)
+  vmapped = flax_vmap(FB.Counting, 3)().init(KEY, X, mutable=True)
   assert jax.tree.map(jnp.shape, scanned) == jax.tree.map(jnp.shape, vmapped)
   assert scanned['counter']['n'].tolist() == ours['counter']['n'].tolist() == [1, 1, 1]
   assert len(ours['intermediates']['h']) == len(scanned['intermediates']['h']) == 1
   for remat in (True, 'nested', 'save_all'):
-    assert_trees_equal(nn.Stacked(counting_block(nn), 3, remat=remat).init(KEY, X, mutable=True),
+    assert_trees_equal(nn.Stacked(NB.Counting, 3, remat=remat).init(KEY, X, mutable=True),
                        ours)
   variables = {k: ours[k] for k in ('params', 'counter')}
-  _, state = nn.Stacked(counting_block(nn), 3).apply(variables, X,
+  _, state = nn.Stacked(NB.Counting, 3).apply(variables, X,
                                                      mutable=['counter', 'intermediates'])
   assert state['counter']['n'].tolist() == [2] * 3
   assert state['intermediates']['h'][0].shape == (3,) + X.shape
-  _, seq_state = nn.BlockSeq(counting_block(nn), 3).apply(nn.stacked_to_layers(variables), X,
+  _, seq_state = nn.BlockSeq(NB.Counting, 3).apply(nn.stacked_to_layers(variables), X,
                                                           mutable=['counter'])
   assert_trees_equal(nn.layers_to_stacked(seq_state), {'counter': state['counter']})
 
 
 def test_init_output_equals_apply_with_the_same_rngs_as_flax():
-  theirs = flax_scan(dropout_block(fnn), 3)()
+  theirs = flax_scan(FB.DropBlock, 3)()
   (fy, _), fv = theirs.init_with_output(RNGS, X)
   assert_trees_equal(fy, theirs.apply(fv, X, rngs={'dropout': RNGS['dropout']})[0])
-  y, variables = nn.Stacked(dropout_block(nn), 3).init_with_output(RNGS, X)
-  assert_trees_equal(y, nn.Stacked(dropout_block(nn), 3).apply(
+  y, variables = nn.Stacked(NB.DropBlock, 3).init_with_output(RNGS, X)
+  assert_trees_equal(y, nn.Stacked(NB.DropBlock, 3).apply(
       variables, X, rngs={'dropout': RNGS['dropout']}))
-
-
-def test_metadata_params_name_the_layer_axis_and_conversion_round_trips():
-  variables = nn.Stacked(partitioned_block(nn), N, metadata_params=LAYERS_AXIS).init(KEY, X)
-  box = variables['params']['w']
-  assert isinstance(box, meta.Partitioned) and box.names == ('layers', 'embed', 'mlp')
-  layers = nn.stacked_to_layers(variables, metadata_params=LAYERS_AXIS)
-  assert layers['params']['layers_2']['w'].names == ('embed', 'mlp')
-  assert layers['params']['layers_2']['w'].value.shape == (4, 4)
-  assert_trees_equal(nn.layers_to_stacked(layers, metadata_params=LAYERS_AXIS), variables)
-  assert_trees_close(nn.Stacked(partitioned_block(nn), N, metadata_params=LAYERS_AXIS).apply(
-      variables, X), nn.BlockSeq(partitioned_block(nn), N).apply(layers, X), depth=N)
 
 
 def test_layouts_round_trip_logical_boxes_and_carry_flax_loop_variables_to_stacked():
@@ -873,7 +826,7 @@ def test_layout_conversion_round_trips_names_layers_and_errors_name_what_is_wron
 
 class _FlaxSeq(fnn.Module):
   def setup(self):
-    self.layers = [full_block(fnn)() for _ in range(3)]
+    self.layers = [FB.FullBlock() for _ in range(3)]
 
   def __call__(self, x, scales, train=True):
     for i, layer in enumerate(self.layers):
@@ -883,7 +836,7 @@ class _FlaxSeq(fnn.Module):
 
 @pytest.mark.parametrize('remat', [False, True, 'nested'], ids=str)
 def test_blockseq_inits_and_runs_as_a_flax_python_loop(remat):
-  ours = nn.BlockSeq(full_block(nn), 3, remat=remat)
+  ours = nn.BlockSeq(NB.FullBlock, 3, remat=remat)
   variables = _FlaxSeq().init(RNGS, X, jnp.ones(3))
   assert_trees_equal(ours.init(RNGS, X), variables)
   scales = jnp.array([1.0, -0.5, 2.0])
@@ -903,8 +856,8 @@ def test_blockseq_of_detached_modules_as_a_flax_module_with_a_layers_field():
         x = layer(x)
       return x
 
-  ours = nn.BlockSeq([dropout_block(nn)(parent=None), setup_block(nn)(parent=None)], remat=True)
-  theirs = FlaxList((dropout_block(fnn)(parent=None), setup_block(fnn)(parent=None)))
+  ours = nn.BlockSeq([NB.DropBlock(parent=None), NB.SetupBlock(parent=None)], remat=True)
+  theirs = FlaxList((FB.DropBlock(parent=None), FB.SetupBlock(parent=None)))
   variables = theirs.init(RNGS, X)
   assert_trees_equal(ours.init(RNGS, X), variables)
   assert_trees_close(ours.apply(variables, X, rngs=DROP), theirs.apply(variables, X, rngs=DROP), 2)
@@ -963,8 +916,8 @@ def test_bad_stack_arguments_are_refused():
 
 
 def test_partitioned_boxes_without_metadata_params_are_refused_as_by_flax():
-  build = lambda m: (nn.Stacked(partitioned_block(m), 3) if m is nn
-                     else flax_vmap(partitioned_block(m), 3)()).init(KEY, X)
+  build = lambda m: (nn.Stacked(blocks(m).PBlock, 3) if m is nn
+                     else flax_vmap(blocks(m).PBlock, 3)()).init(KEY, X)
   ours, _ = check_both_raise(build, flax_errors.PartitioningUnspecifiedError,
                              flax_errors.PartitioningUnspecifiedError)
   assert '"partition_name" is not specified in metadata_params' in str(ours)
