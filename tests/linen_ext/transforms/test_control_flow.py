@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import linen_ext as nn
-from linen_ext import errors
 from tests.helpers import check_linen_parity
 
 KEY = jax.random.key(0)
@@ -218,32 +217,3 @@ def test_vjp_variables_filters(vjp_variables):
   params_t = ours[1][1][0]
   assert ('params' in params_t) == (vjp_variables not in (False, 'batch_stats'))
 
-
-def test_vjp_needs_a_single_scope():
-  class Twice(nn.Module):
-    inner: nn.Module
-
-    def __call__(self, x):
-      return self.inner(x)
-
-  class Model(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      twice = Twice(nn.Dense(2))
-      twice(x)
-      return nn.vjp(lambda m, x: m(x), twice, x)[0]
-
-  with pytest.raises(errors.MultipleScopesError, match='2 scopes.*multi_scope=True'):
-    Model().init(KEY, X)
-
-
-def test_grad_of_a_vector_output_is_an_error():
-  class Model(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      dense = nn.Dense(2)
-      dense(x)
-      return nn.grad(lambda m, x: m(x), dense, x)
-
-  with pytest.raises(errors.NonScalarOutputError, match=r'shape \(2, 2\).*sum\(\)'):
-    Model().init(KEY, X)

@@ -37,37 +37,23 @@ def counted(lib, check, dropout=False):
   return scanned(), traces
 
 
-@pytest.mark.parametrize('check', [True, False])
-def test_apply_traces_the_step_once_with_flax_values(check):
-  model, traces = counted(nn, check)
+@pytest.mark.parametrize('check, dropout, init_traces, apply_traces', [
+    (True, False, 2, 1), (False, False, 1, 1), (True, True, 2, 2)])
+def test_init_and_apply_trace_as_needed_for_flax_values(check, dropout, init_traces,
+                                                         apply_traces):
+  """Init draws split 'params' keys: Flax's keys need the second trace, unless
+  check_constancy_invariants=False, where every trace draws the first trace's keys. Apply
+  reuses the pre-pass's trace (Flax: 2 traces with the check, 1 without), unless the step
+  draws new keys (dropout): then it is traced again, for Flax's keys."""
+  model, traces = counted(nn, check, dropout)
+  reference, flax_traces = counted(flax_nn, check, dropout)
   variables = model.init(KEY, XS[0], XS)
-  traces.clear()
-  y = model.apply(variables, XS[0], XS)
-  assert len(traces) == 1  # Flax: 2 with the check, 1 without
-  reference, _ = counted(flax_nn, check)
-  assert_trees_equal(y, reference.apply(variables, XS[0], XS))
-
-
-@pytest.mark.parametrize('check, expected', [(True, 2), (False, 1)])
-def test_init_traces_as_flax(check, expected):
-  """Initialisers draw split 'params' keys: Flax's keys need the second trace, unless
-  check_constancy_invariants=False, where every trace draws the first trace's keys."""
-  model, traces = counted(nn, check)
-  variables = model.init(KEY, XS[0], XS)
-  reference, flax_traces = counted(flax_nn, check)
-  expected_variables = reference.init(KEY, XS[0], XS)
-  assert len(traces) == len(flax_traces) == expected
-  assert_trees_equal(variables, expected_variables)
-
-
-def test_a_step_drawing_new_keys_is_traced_again_for_flax_keys():
-  model, traces = counted(nn, True, dropout=True)
-  variables = model.init(KEY, XS[0], XS)
+  assert_trees_equal(variables, reference.init(KEY, XS[0], XS))
+  assert len(traces) == len(flax_traces) == init_traces
   traces.clear()
   rngs = {'dropout': jax.random.key(1)}
   y = model.apply(variables, XS[0], XS, rngs=rngs)
-  assert len(traces) == 2
-  reference, _ = counted(flax_nn, True, dropout=True)
+  assert len(traces) == apply_traces
   assert_trees_equal(y, reference.apply(variables, XS[0], XS, rngs=rngs))
 
 

@@ -155,6 +155,32 @@ def test_modules_and_variables_passed_as_arguments_are_lifted():
 # -- misuse ---------------------------------------------------------------------------------
 
 
+def module(fn, *wraps, name='Model'):
+  """A Module class whose compact ``__call__(self, x)`` is ``fn(self, x)``, wrapped by ``wraps``."""
+  def __call__(self, x):
+    return fn(self, x)
+  method = nn.compact(__call__)
+  for wrap in wraps:
+    method = wrap(method)
+  return type(name, (nn.Module,), {'__call__': method})
+
+
+class Twice(nn.Module):
+  inner: nn.Module
+
+  def __call__(self, x):
+    return self.inner(x)
+
+
+def called(layer, x):
+  layer(x)
+  return layer
+
+
+def init(cls):
+  return lambda: cls().init(KEY, X)
+
+
 @pytest.mark.parametrize('call, error, match', [
     (lambda: nn.vmap(nn.Dense(3), variable_axes={'params': 0}), errors.TransformTargetError,
      r'Module class or a method.*nn.vmap'),
@@ -167,30 +193,25 @@ def test_modules_and_variables_passed_as_arguments_are_lifted():
      errors.UnboundModuleError, 'nn.vmap'),
     # jit runs an unbound module's method unbound (as Flax): the layer itself then refuses.
     (lambda: nn.jit(nn.Dense)(2)(X), errors.UnboundModuleError, 'unbound module `Dense`'),
+    (lambda: nn.jit(lambda self, x, train: x, static_argnums=(3,)), errors.StaticArgnumsError,
+     r'position 3.*\[.self., .x., .train.\]'),
+    (lambda: nn.checkpoint(nn.Dense, static_argnums=(-1,)), errors.StaticArgnumsError,
+     'non-negative'),
+    (init(module(lambda m, x: nn.Dense(2), nn.jit)), errors.TransformedReturnError,
+     r'"__call__".*nn.jit.*returned a Dense'),
+    (init(module(lambda m, x: (x, m.variable('state', 'v', jnp.zeros, ())), nn.checkpoint)),
+     errors.TransformedReturnError, 'returned a Variable'),
+    (init(module(lambda m, x: nn.vjp(lambda t, x: t(x), called(Twice(nn.Dense(2)), x), x)[0])),
+     errors.MultipleScopesError, '2 scopes.*multi_scope=True'),
+    (init(module(lambda m, x: nn.grad(lambda d, x: d(x), called(nn.Dense(2), x), x))),
+     errors.NonScalarOutputError, r'shape \(2, 2\).*sum\(\)'),
 ], ids=['instance', 'lift_transform_instance', 'methods_str', 'not_a_method', 'unbound_vmap',
-        'unbound_jit'])
+        'unbound_jit', 'static_argnums_past_the_end', 'negative_static_argnums',
+        'jit_returns_a_module', 'checkpoint_returns_a_variable', 'vjp_of_two_scopes',
+        'grad_of_a_vector'])
 def test_misuse_is_an_error(call, error, match):
   with pytest.raises(error, match=match):
     call()
-
-
-def test_returning_a_module_from_a_transformed_method_is_an_error():
-  class Leaky(nn.Module):
-    @nn.jit
-    @nn.compact
-    def __call__(self, x):
-      return nn.Dense(2)
-
-  class Leaky2(nn.Module):
-    @functools.partial(nn.checkpoint)
-    @nn.compact
-    def __call__(self, x):
-      return x, self.variable('state', 'v', jnp.zeros, ())
-
-  with pytest.raises(errors.TransformedReturnError, match=r'"__call__".*nn.jit.*returned a Dense'):
-    Leaky().init(KEY, X)
-  with pytest.raises(errors.TransformedReturnError, match='returned a Variable'):
-    Leaky2().init(KEY, X)
 
 
 def test_fold_rngs_draws_flax_keys():
