@@ -104,48 +104,48 @@ def test_vmap_methods_list_and_per_method_options():
 # -- scan ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize('options', [dict(reverse=True, unroll=2),
-                                     dict(length=3, in_axes=(), unroll=True)],
-                         ids=['reverse_unroll2', 'length_without_xs_unroll_true'])
-def test_scan_reverse_unroll_length_and_stacked_params(options):
+def scan_cases(nn):
+  """name -> (cell, scan options, arguments, apply options)."""
+  class Cell(nn.Module):
+    @nn.compact
+    def __call__(self, c, *xs):
+      h = nn.tanh(nn.Dense(4)(xs[0] if xs else c) + c)
+      return h, h
+
+  class Broadcast(nn.Module):  # broadcast inputs and outputs, None leaves
+    @nn.compact
+    def __call__(self, c, x, bias):
+      h = nn.tanh(nn.Dense(4)(x) + c[0] + bias)
+      return (h, None), (h, h.sum(-1), None, jnp.ones(3))
+
+  class NormDrop(nn.Module):  # per-step batch stats, split dropout
+    @nn.compact
+    def __call__(self, c, x):
+      h = nn.BatchNorm(use_running_average=False)(nn.Dense(4)(x))
+      h = nn.Dropout(0.5, deterministic=False)(h)
+      return c + h.sum(), h
+
+  stacked = dict(variable_axes={'params': 0}, split_rngs={'params': True})
+  carry = jnp.zeros((2, 4))
+  return {
+      'reverse_unroll2': (Cell, dict(reverse=True, unroll=2, **stacked), (carry, XS), {}),
+      'length_without_xs_unroll_true': (Cell, dict(length=3, in_axes=(), unroll=True, **stacked),
+                                        (carry,), {}),
+      'broadcast_in_out_tuple_out_axes': (
+          Broadcast, dict(variable_broadcast='params', split_rngs={'params': False},
+                          in_axes=(1, nn.broadcast), out_axes=(2, 0, 0, nn.broadcast)),
+          ((jnp.zeros((3, 4)), None), XS, jnp.ones((3, 4))), {}),
+      'batch_norm_per_step_stats_dropout_split': (
+          NormDrop, dict(variable_axes={'params': 0, 'batch_stats': 0},
+                         split_rngs={'params': True, 'dropout': True}),
+          (jnp.zeros(()), XS), dict(rngs=RNGS, mutable=['batch_stats']))}
+
+
+@pytest.mark.parametrize('case', sorted(scan_cases(nn)))
+def test_scan_options_match_flax(case):
   def build(nn):
-    class Cell(nn.Module):
-      @nn.compact
-      def __call__(self, c, *xs):
-        h = nn.tanh(nn.Dense(4)(xs[0] if xs else c) + c)
-        return h, h
-
-    scanned = nn.scan(Cell, variable_axes={'params': 0}, split_rngs={'params': True}, **options)
-    return init_apply(scanned(name='s'), jnp.zeros((2, 4)), *([] if 'length' in options else [XS]))
-  check_linen_parity(build)
-
-
-def test_scan_broadcast_inputs_and_outputs_tuple_out_axes_and_none_leaves():
-  def build(nn):
-    class Cell(nn.Module):
-      @nn.compact
-      def __call__(self, c, x, bias):
-        h = nn.tanh(nn.Dense(4)(x) + c[0] + bias)
-        return (h, None), (h, h.sum(-1), None, jnp.ones(3))
-
-    scanned = nn.scan(Cell, variable_broadcast='params', split_rngs={'params': False},
-                      in_axes=(1, nn.broadcast), out_axes=(2, 0, 0, nn.broadcast))
-    return init_apply(scanned(name='s'), (jnp.zeros((3, 4)), None), XS, jnp.ones((3, 4)))
-  check_linen_parity(build)
-
-
-def test_scan_batch_norm_per_step_stats_and_dropout_split():
-  def build(nn):
-    class Cell(nn.Module):
-      @nn.compact
-      def __call__(self, c, x):
-        h = nn.BatchNorm(use_running_average=False)(nn.Dense(4)(x))
-        h = nn.Dropout(0.5, deterministic=False)(h)
-        return c + h.sum(), h
-
-    scanned = nn.scan(Cell, variable_axes={'params': 0, 'batch_stats': 0},
-                      split_rngs={'params': True, 'dropout': True})
-    return init_apply(scanned(name='s'), jnp.zeros(()), XS, rngs=RNGS, mutable=['batch_stats'])
+    cell, options, args, apply_kw = scan_cases(nn)[case]
+    return init_apply(nn.scan(cell, **options)(name='s'), *args, **apply_kw)
   check_linen_parity(build)
 
 
