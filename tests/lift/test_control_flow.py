@@ -1,7 +1,6 @@
 """Lifted cond, switch and while_loop: lax control flow on the explicit variables."""
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax import lax
 

@@ -4,13 +4,11 @@ Each test builds a scope function with Flax's transforms and with ours, runs bot
 the same keys and compares outputs, variable trees (with axis-metadata names) and mutated
 collections, bit for bit unless a depth is given.
 """
-import functools
 
 import flax.core
 import flax.linen as flax_nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from flax.core import axes_scan, lift as flax_lift, meta
 from flax.typing import In, Out

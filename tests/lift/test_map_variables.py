@@ -38,19 +38,18 @@ def test_tied_autoencoder_equals_the_hand_written_program_and_flax_core():
                             lambda M, fn: M.init(fn)(RNGS, X))
   assert jax.tree.map(jnp.shape, variables) == {'params': {'codec': {'kernel': (4, 3)}}}
   kernel = variables['params']['codec']['kernel']
-  np.testing.assert_allclose(y, jnp.tanh(X @ kernel) @ kernel.T, rtol=1e-6)
+  assert_trees_close(y, jnp.tanh(X @ kernel) @ kernel.T, depth=1)
   _, plain = lift.init(lambda s, x: linear(s.push('codec'), x, 3))(RNGS, X)
   assert_trees_close(variables, plain)  # no transform changes the initial values
-  np.testing.assert_allclose(lift.apply(tied_autoencoder)(variables, X, 3), y, rtol=1e-6)
+  assert_trees_close(lift.apply(tied_autoencoder)(variables, X, 3), y, depth=1)
 
 
 def test_tied_autoencoder_gradients_flow_into_the_one_kernel():
   _, variables = lift.init(tied_autoencoder)(RNGS, X, 3)
   loss = lambda p: jnp.sum(lift.apply(tied_autoencoder)({'params': p}, X, 3) ** 2)
   by_hand = lambda k: jnp.sum((jnp.tanh(X @ k) @ k.T) ** 2)
-  np.testing.assert_allclose(jax.grad(loss)(variables['params'])['codec']['kernel'],
-                             jax.grad(by_hand)(variables['params']['codec']['kernel']),
-                             rtol=1e-5)
+  assert_trees_close(jax.grad(loss)(variables['params'])['codec']['kernel'],
+                     jax.grad(by_hand)(variables['params']['codec']['kernel']), depth=3)
 
 
 def test_init_creates_the_mapped_collection_in_stored_form():
@@ -59,7 +58,7 @@ def test_init_creates_the_mapped_collection_in_stored_form():
   assert jax.tree.map(jnp.shape, variables) == {'params': {'kernel': (3, 4)}}
   _, plain = lift.init(linear)(RNGS, X, 3)  # what the view would have been
   np.testing.assert_allclose(variables['params']['kernel'], plain['params']['kernel'].T)
-  np.testing.assert_allclose(y, X @ variables['params']['kernel'].T, rtol=1e-6)
+  assert_trees_close(y, X @ variables['params']['kernel'].T, depth=1)
   check(build, lambda M, fn: M.apply(fn)(variables, X, 3))
 
 
@@ -67,8 +66,7 @@ def test_init_pass_rewinds_the_rngs():
   def noisy(scope, x):
     return linear(scope, x, 3) + jax.random.normal(scope.make_rng('dropout'), (2, 3))
   mapped = lift.map_variables(noisy, 'params', init=True)
-  np.testing.assert_allclose(lift.init(mapped)(RNGS, X)[0], lift.init(noisy)(RNGS, X)[0],
-                             rtol=1e-6)
+  assert_trees_close(lift.init(mapped)(RNGS, X)[0], lift.init(noisy)(RNGS, X)[0], depth=1)
 
 
 def test_without_init_or_mutable_the_mapped_collection_cannot_be_created():

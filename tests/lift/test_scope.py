@@ -14,7 +14,7 @@ import lift
 import linen_ext
 from lift import errors
 
-from tests.helpers import assert_trees_close, assert_trees_equal, dense, mlp
+from tests.helpers import assert_trees_equal, dense, mlp
 
 KEY = jax.random.key(0)
 X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)

@@ -27,7 +27,7 @@ def test_vmap_equals_jax_vmap_over_hand_stacked_params():
   params = _stack([lift.init(mlp)(k, XS[i])[1]['params'] for i, k in enumerate(keys)])
   expected = jax.jit(jax.vmap(lambda p, x: lift.apply(mlp)({'params': p}, x)))(params, XS)
   got = jax.jit(lift.apply(lift.vmap(mlp, **ENSEMBLE)))({'params': params}, XS)
-  np.testing.assert_allclose(got, expected, rtol=1e-6)
+  assert_trees_close(got, expected, depth=1)
 
 
 def test_vmap_gradient_equals_jax_vmap_gradient():
@@ -48,7 +48,7 @@ def test_shared_params_equal_unmapped_call():
   y, variables = lift.init(shared)(KEY, XS)
   _, expected_variables = lift.init(mlp)(KEY, XS[0])
   assert_trees_close(variables, expected_variables)
-  np.testing.assert_allclose(y, lift.apply(mlp)(variables, XS), rtol=1e-6)
+  assert_trees_close(y, lift.apply(mlp)(variables, XS), depth=1)
 
 
 @pytest.mark.parametrize('axis, split', [(0, True), (0, False), (None, False), (0, 1), (0, 0)])
@@ -82,7 +82,7 @@ def test_created_variables_get_the_mapped_axis(axis, kernel, bias):
   y = lift.apply(mapped)(variables, XS, features=2)
   kernels = jnp.moveaxis(variables['params']['kernel'], axis, 0)
   biases = jnp.moveaxis(variables['params']['bias'], axis if axis >= 0 else -1, 0)
-  np.testing.assert_allclose(y, jnp.einsum('bi,bio->bo', XS, kernels) + biases, rtol=1e-5)
+  assert_trees_close(y, jnp.einsum('bi,bio->bo', XS, kernels) + biases, depth=3)
 
 
 def test_in_axes_out_axes_and_negative_axes():
@@ -96,7 +96,7 @@ def test_in_axes_out_axes_and_negative_axes():
   expected = jax.vmap(lambda x: lift.apply(affine)(variables, x, shift), in_axes=-1,
                       out_axes=1)(XS.T)
   assert y.shape == (2, 3)
-  np.testing.assert_allclose(y, expected, rtol=1e-6)
+  assert_trees_close(y, expected, depth=1)
 
 
 def test_axis_name_reduces_a_shared_collection():
@@ -109,10 +109,10 @@ def test_axis_name_reduces_a_shared_collection():
   mapped = lift.vmap(normalize, variable_axes={'batch_stats': None}, split_rngs={},
                      axis_name='batch')
   y, variables = lift.init(mapped)(KEY, XS)
-  np.testing.assert_allclose(variables['batch_stats']['mean'], 0.1 * XS.mean(0), rtol=1e-6)
-  np.testing.assert_allclose(y, XS - XS.mean(0, keepdims=True), rtol=1e-6, atol=1e-7)
+  assert_trees_close(variables['batch_stats']['mean'], 0.1 * XS.mean(0), depth=1)
+  assert_trees_close(y, XS - XS.mean(0, keepdims=True), depth=1)
   _, updated = lift.apply(mapped, mutable=['batch_stats'])(variables, XS)
-  np.testing.assert_allclose(updated['batch_stats']['mean'], 0.19 * XS.mean(0), rtol=1e-6)
+  assert_trees_close(updated['batch_stats']['mean'], 0.19 * XS.mean(0), depth=1)
 
 
 def test_keyword_arguments_reach_every_item_unmapped():
@@ -121,8 +121,7 @@ def test_keyword_arguments_reach_every_item_unmapped():
 
   mapped = lift.vmap(scaled, **ENSEMBLE)
   y, variables = lift.init(mapped)(KEY, XS, scale=jnp.float32(2.0))
-  np.testing.assert_allclose(y, 2.0 * lift.apply(lift.vmap(dense, **ENSEMBLE))(variables, XS, features=2),
-                             rtol=1e-6)
+  assert_trees_close(y, 2.0 * lift.apply(lift.vmap(dense, **ENSEMBLE))(variables, XS, features=2), depth=1)
 
 
 # -- metadata ------------------------------------------------------------------------
@@ -142,7 +141,7 @@ def test_metadata_params_name_the_new_axis(axis, names):
   box = variables['params']['kernel']
   assert isinstance(box, meta.Partitioned) and box.names == names
   assert box.value.shape[names.index('batch')] == 3
-  np.testing.assert_allclose(lift.apply(mapped)(variables, XS), y, rtol=1e-6)
+  assert_trees_close(lift.apply(mapped)(variables, XS), y, depth=1)
 
 
 # -- nothing lost -------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import numpy as np
 
 from lift import causal_self_attention
 from lift.causal.testing import check_scan
+from tests.helpers import tolerance
 
 T, D = 6, 4
 _RNG = np.random.default_rng(0)
@@ -60,4 +61,5 @@ BLOCKS = {
     prefill=st.integers(min_value=1, max_value=T - 1))
 def test_random_causal_chains(names, prefill):
   xs = jnp.asarray(np.random.default_rng(len(names)).standard_normal((T, D)), jnp.float32)
-  check_scan(lambda x: functools.reduce(lambda x, name: BLOCKS[name](x), names, x), xs, prefill=[prefill], rtol=1e-4, atol=1e-5)
+  check_scan(lambda x: functools.reduce(lambda x, name: BLOCKS[name](x), names, x), xs, prefill=[prefill],
+             rtol=tolerance(np.float32, 32), atol=tolerance(np.float32, 32))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import linen_ext as nn
-from tests.helpers import check_linen_parity
+from tests.helpers import assert_trees_close, check_linen_parity
 
 KEY = jax.random.key(0)
 X = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
@@ -191,8 +191,7 @@ def test_cond_and_switch_take_the_selected_branch_under_jit(name, index):
     model, _ = models(nn)['switch']
     variables = model().init(KEY, X, 1)
     kernel, bias = variables['params']['a']['kernel'], variables['params']['a']['bias']
-    np.testing.assert_allclose(model().apply(variables, X, 1), X @ kernel + bias[None] + 1.0,
-                               rtol=1e-6)
+    assert_trees_close(model().apply(variables, X, 1), X @ kernel + bias[None] + 1.0, depth=1)
   if name == 'cond':
     model, _ = models(nn)['cond']
     _, state = model().apply(model().init(KEY, X, True), X, False, mutable=['state'])
