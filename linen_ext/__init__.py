@@ -26,7 +26,7 @@ from flax.linen import (avg_pool, combine_masks, dot_product_attention,
                         dot_product_attention_weights, make_attention_mask,
                         make_causal_mask, max_pool, merge_param, ones, ones_init,
                         pool, zeros, zeros_init)
-from flax.linen import activation, dtypes, fp8_ops, meta, pooling, spmd
+from flax.linen import activation, dtypes, fp8_ops, kw_only_dataclasses, meta, pooling, spmd
 
 from lift import tracing as _tracing
 from lift.causal import causal_self_attention
@@ -34,8 +34,8 @@ from lift.filters import DenyList
 from lift.axes import broadcast
 from lift.scope import Scope, Variable
 
-from linen_ext import (attention, errors, linear, module, normalization, partitioning,
-                       recurrent, stochastic, transforms)
+from linen_ext import (attention, batch_apply, combinators, errors, linear, module,
+                       normalization, partitioning, recurrent, stochastic, transforms)
 from linen_ext.layers import (RNN, BatchNorm, Bidirectional, Conv, ConvLocal, ConvLSTMCell,
                               ConvTranspose, Dense, DenseGeneral, Dropout, Einsum, Embed,
                               FlaxLayer, FlaxModule, Fp8DirectDotGeneralOp, Fp8DotGeneral,

@@ -71,8 +71,8 @@ def test_api_names_exist_and_reexports_are_flax_objects():
     assert issubclass(getattr(nn, name), nn.Module), name
 
 
-@pytest.mark.parametrize('namespace', ['attention', 'linear', 'normalization', 'recurrent',
-                                       'stochastic'])
+@pytest.mark.parametrize('namespace', ['attention', 'combinators', 'linear', 'normalization',
+                                       'recurrent', 'stochastic'])
 def test_flax_namespaces_hold_this_packages_layers(namespace):
   ours = importlib.import_module(f'linen_ext.{namespace}')
   assert getattr(nn, namespace) is ours
@@ -86,7 +86,8 @@ def test_flax_namespaces_hold_this_packages_layers(namespace):
     assert getattr(ours, name) is top_level, f'nn.{namespace}.{name}'
 
 
-@pytest.mark.parametrize('namespace', ['activation', 'dtypes', 'fp8_ops', 'pooling'])
+@pytest.mark.parametrize('namespace', ['activation', 'dtypes', 'fp8_ops', 'kw_only_dataclasses',
+                                       'pooling'])
 def test_namespaces_of_pure_functions_are_flaxs(namespace):
   assert getattr(nn, namespace) is importlib.import_module(f'flax.linen.{namespace}')
 
@@ -97,6 +98,7 @@ def test_namespace_functions_are_flaxs():
   assert nn.attention.make_causal_mask is flax_nn.make_causal_mask
   assert nn.linear.default_kernel_init is flax_nn.linear.default_kernel_init
   assert nn.module.merge_param('x', None, True) is True  # as Flax's examples call it
+  assert nn.batch_apply.BatchApply is flax_nn.batch_apply.BatchApply
 
 
 def _representable(x, dtype):

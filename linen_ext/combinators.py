@@ -1,0 +1,8 @@
+"""`flax.linen.combinators`'s name for this package's `Sequential` (``nn.combinators.Sequential``).
+
+>>> nn.combinators.Sequential is nn.Sequential
+True
+"""
+from linen_ext.layers.flax_layers import Sequential
+
+__all__ = ['Sequential']
