@@ -29,6 +29,7 @@ itself. So:
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import functools
@@ -43,7 +44,8 @@ import flax.linen as flax_nn
 from lift.rng_counters import total
 from lift.jit_keys import has_tape_streams, require_concrete
 from lift.errors import (ImmutableCollectionError, LiftError, MissingCollectionError,
-                         MissingParamError, MissingVariableError)
+                         MissingParamError, MissingVariableError, ParamShapeError,
+                         UnknownRngError)
 from lift.filters import DenyList, Filter, union_filters
 from lift.rng import RngCounters
 from lift.scope import Scope, copy_structure
@@ -319,12 +321,17 @@ _FLAX_VARIABLE_ERRORS: dict[type[Exception], str] = {
         r'variable "(?P<name>[^"]*)" in "(?P<path>[^"]*)" because collection "(?P<col>[^"]*)"',
     flax.errors.ScopeParamNotFoundError:
         r'parameter named "(?P<name>[^"]*)" in scope "(?P<path>[^"]*)"',
+    flax.errors.ScopeParamShapeError:
+        r'parameter "(?P<name>[^"]*)" in "(?P<path>[^"]*)", the given initializer is expected '
+        r'to generate shape (?P<expected>\([^)]*\)), but the existing parameter it received '
+        r'has shape (?P<existing>\([^)]*\))',
 }
 
 
 @contextlib.contextmanager
 def _our_variable_errors(scope: Scope):
-  """Flax's errors about a missing or read-only variable, as ours (subclasses of flax's).
+  """Flax's errors about a missing, read-only or misshapen variable or a missing rng stream,
+  as ours (subclasses of flax's).
 
   Ours say how to fix them and, inside a lifted transform that does not
   return the collection, name the transform (`UnliftedCollectionError`), as
@@ -332,6 +339,12 @@ def _our_variable_errors(scope: Scope):
   """
   try:
     yield
+  except flax.errors.InvalidRngError as e:
+    found = re.search(r'(?P<module>\S+) needs PRNG for "(?P<name>[^"]*)"', str(e))
+    if isinstance(e, LiftError) or found is None:
+      raise
+    raise UnknownRngError(found['name'], scope.path_text, scope.rngs,
+                          scope_name=found['module']) from e
   except tuple(_FLAX_VARIABLE_ERRORS) as e:
     if isinstance(e, LiftError):
       raise
@@ -344,6 +357,9 @@ def _our_variable_errors(scope: Scope):
     scope.check_lifted(col, name)
     if isinstance(e, flax.errors.ScopeParamNotFoundError):
       raise MissingParamError(name, path) from e
+    if isinstance(e, flax.errors.ScopeParamShapeError):
+      shapes = (ast.literal_eval(found['existing']), ast.literal_eval(found['expected']))
+      raise ParamShapeError(name, path, *shapes) from e
     if isinstance(e, flax.errors.ScopeCollectionNotFound):
       raise MissingCollectionError(col, name, path) from e
     if isinstance(e, flax.errors.ScopeVariableNotFoundError):

@@ -85,6 +85,14 @@ BOTH_RAISE = {
     'vmap sizes': (_vmap_sizes, lift_errors.AxisSizeError,
                    r'size 4: axis 0 of args\[0\].*size 3: axis 0 of variable params/bias',
                    'Inconsistent batch axis sizes'),
+    'ready-made layer fed another input width': (lambda nn: _compact(nn, lambda m, nn, x: nn.Dense(
+        2)(x)).apply(_compact(nn, lambda m, nn, x: nn.Dense(2)(x)).init(KEY, XS), X[:, :2]),
+        lift_errors.ParamShapeError, r'parameter "kernel" in "/Dense_0".*\(2, 2\).*\(3, 2\)',
+        'parameter "kernel"'),
+    'ready-made layer without a params stream in vmap': (lambda nn: _compact(
+        nn, lambda m, nn, xs: nn.vmap(nn.Dense, variable_axes={'params': 0}, split_rngs={})(3)(
+            xs)).init(KEY, XS), lift_errors.UnknownRngError,
+        r'VmapDense_0 needs PRNG for "params".*Fix', 'PRNG for "params"'),
     'shared but split': (lambda nn: _compact(nn, lambda m, nn, xs: nn.vmap(
         nn.Dense, variable_axes={'params': None}, split_rngs={'params': True})(3)(xs)).init(
             KEY, XS), lift_errors.InvalidAxisError,
