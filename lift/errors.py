@@ -134,6 +134,18 @@ class ParamShapeError(LiftError, flax_errors.ScopeParamShapeError):
     self.existing_shape, self.expected_shape = existing_shape, expected_shape
 
 
+class ParamStructureError(ParamShapeError):
+  """An existing parameter is another kind of tree than its init_fn makes (a list for an array)."""
+
+  def __init__(self, name, path, existing, expected):
+    LiftError.__init__(
+        self, f'For parameter "{name}" in "{_path_text(path)}", the existing value is '
+        f'{existing} where the initializer makes {expected}. Fix: store arrays, e.g. '
+        f"variables['params'][...]['{name}'] = jnp.asarray(value).")
+    self.name, self.path = name, path
+    self.existing_shape = self.expected_shape = None
+
+
 class InitFnError(LiftError, TypeError):
   """`param` or `variable` was given an initial value where it takes a function."""
 

@@ -349,6 +349,9 @@ class Scope:
 
   def _check_param_shape(self, name, value, init_fn, init_args, init_kwargs):
     expected = jax.eval_shape(lambda: init_fn(jax.random.key(0), *init_args, **init_kwargs))
+    if jax.tree.structure(meta.unbox(value)) != jax.tree.structure(meta.unbox(expected)):
+      raise errors.ParamStructureError(name, self.path_text, _describe(meta.unbox(value)),
+                                       _describe(meta.unbox(expected)))
     for have, want in zip(jax.tree_util.tree_leaves(meta.unbox(value)),
                           jax.tree_util.tree_leaves(meta.unbox(expected))):
       if np.shape(have) != np.shape(want):
@@ -397,3 +400,12 @@ class Scope:
 
   def __repr__(self):
     return f'Scope({self.path_text}, mutable={self.mutable!r}, rngs={sorted(self.rngs)})'
+
+
+def _describe(tree: Any) -> str:
+  """'an array of shape (4, 2)', 'a list of shape (4, 2)', 'a dict': a value in a message."""
+  if hasattr(tree, 'shape'):
+    return f'an array of shape {tuple(tree.shape)}'
+  if isinstance(tree, (list, tuple)):
+    return f'a {type(tree).__name__} of shape {np.shape(tree)}'
+  return f'a {type(tree).__name__}'

@@ -265,6 +265,12 @@ FAILURES = {  # (run(M), our error, match); Flax raises too
     'shape': (lambda M: M.apply(dense)({'params': {'kernel': jnp.ones((3, 2)), 'bias': jnp.ones(2)}},
                                        jnp.ones((1, 4)), 2),
               errors.ParamShapeError, r'"kernel" in "/".*shape \(4, 2\).*shape \(3, 2\)'),
+    'list for an array': (lambda M: M.apply(dense)({'params': {'kernel': [[1.0, 2.0]] * 4,
+                                                               'bias': jnp.ones(2)}},
+                                                   jnp.ones((1, 4)), 2),
+                          errors.ParamStructureError,
+                          r'"kernel" in "/".*a list of shape \(4, 2\).*an array of shape \(4, '
+                          r'2\).*jnp.asarray'),
     'immutable': (lambda M: M.apply(lambda s: s.push('layer').put_variable('params', 'w', 1.0))({'params': {}}),
                   errors.ImmutableCollectionError, '"w" in "/layer".*"params" is immutable'),
     'immutable, existing': (lambda M: M.apply(lambda s: s.put_variable('state', 'x', 2))({'state': {'x': 1}}),
