@@ -349,7 +349,9 @@ class Scope:
 
   def _check_param_shape(self, name, value, init_fn, init_args, init_kwargs):
     expected = jax.eval_shape(lambda: init_fn(jax.random.key(0), *init_args, **init_kwargs))
-    if jax.tree.structure(meta.unbox(value)) != jax.tree.structure(meta.unbox(expected)):
+    have_tree = jax.tree.structure(meta.unbox(value))
+    want_tree = jax.tree.structure(meta.unbox(expected))
+    if have_tree != want_tree:  # type: ignore[operator]  # jaxlib ships no PyTreeDef stubs
       raise errors.ParamStructureError(name, self.path_text, _describe(meta.unbox(value)),
                                        _describe(meta.unbox(expected)))
     for have, want in zip(jax.tree_util.tree_leaves(meta.unbox(value)),
