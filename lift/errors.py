@@ -211,6 +211,19 @@ class InvalidFilterError(LiftError, TypeError, flax_errors.InvalidFilterError):
     self.filter = filter_like
 
 
+class RepackedScopeError(InvalidScopeError):
+  """``repack_fn`` was given scopes it has already repacked (it invalidates them)."""
+
+  def __init__(self, transform_name, path):
+    LiftError.__init__(
+        self, f'repack_fn of the lifted `{transform_name or "pack"}` was given the scope at '
+        f'"{_path_text(path)}" again: repacking collects its variables and ends it, so it '
+        'is called once, after the last use of the scopes (or the transform has already '
+        'returned). Fix: call repack_fn(scope) once, when the body is done, and return '
+        'its groups.')
+    self.path = path
+
+
 class UnmappedCollectionError(LiftError):
   """A mutable collection was written inside a lifted transform but no out filter returns it."""
 

@@ -181,6 +181,8 @@ def repack(lifted: LiftedScopes, spec: PackSpec, inner_tree: Any) -> VariableGro
   per_root = []
   for index in range(len(lifted.roots)):
     inner = inner_scopes[first[index]].root
+    if inner.invalid:
+      raise errors.RepackedScopeError(spec.name, inner.path_text)
     mutable = {col: tree for col, tree in inner.variables().items()
                if inner.is_mutable_collection(col)}
     *groups, rest = group_collections(mutable, spec.out_filters + (True,))

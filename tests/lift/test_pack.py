@@ -152,6 +152,13 @@ def _extra_group(scope_fn, repack_fn, variable_groups, rng_groups, x):
   return dense(scope, x, 2), repack_fn(scope) + (({},),)
 
 
+def _repack_twice(scope_fn, repack_fn, variable_groups, rng_groups, x):
+  scope = scope_fn(variable_groups, rng_groups)
+  y = dense(scope, x, 2)
+  repack_fn(scope)
+  return y, repack_fn(scope)
+
+
 def _custom(body):
   packed = lift.pack(body, ('params', True), (True,), (True,), name='custom')
   return lambda: lift.init(lambda s, x: packed(s, x))(KEY, jnp.ones((2, 3)))
@@ -180,6 +187,9 @@ MISUSE = {  # name: (thunk, error, match)
     'returns y only': (_custom(_only_y), errors.PackProtocolError, r'`custom` returned.*\(y, out_groups\)'),
     'more out groups than out filters': (_custom(_extra_group), errors.PackProtocolError,
                                          r'out_groups it returns.*out_variable_filters` \(1\)'),
+    'repack_fn called twice': (_custom(_repack_twice), errors.RepackedScopeError,
+                               r'repack_fn of the lifted `custom` was given the scope at "custom\(/\)" '
+                               r'again.*Fix: call repack_fn\(scope\) once'),
 }
 
 
