@@ -116,11 +116,15 @@ class InvalidParentError(ModuleError, TypeError):
   """`parent=` is not None, a Module or a Scope."""
 
   def __init__(self, cls_name: str, parent):
+    kind = type(parent).__name__
+    if type(parent).__module__.startswith('flax.core'):  # Flax's scope: ours binds to lift's
+      kind = (f'a {type(parent).__module__}.{kind}: this package\'s modules bind to a lift.Scope, '
+              'which `lift.bind(variables, rngs=..., mutable=...)` makes over the same variables')
     super().__init__(
-        f'`{cls_name}(parent=...)` got {type(parent).__name__}; parent must be '
+        f'`{cls_name}(parent=...)` got {kind}; parent must be '
         'None (a detached module), a Module or a lift.Scope. Fix: leave '
         '`parent` out, or pass `parent=None` for a module used through '
-        '`init`/`apply` only.')
+        '`init`/`apply` only, or `parent=lift.bind(variables)` (as `module.bind(variables)`).')
 
 
 class InvalidMethodError(ModuleError, TypeError, flax_errors.ApplyModuleInvalidMethodError):

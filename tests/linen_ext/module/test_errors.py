@@ -1,6 +1,7 @@
 """Misuse of the Module system raises a `ModuleError` that names the culprit and the fix."""
 import re
 
+import flax
 import flax.errors as flax_errors
 import jax
 import jax.numpy as jnp
@@ -210,6 +211,8 @@ MISUSE = {
         'state', 'w', jnp.ones, (3,)).value).init(KEY, X), errors.SubmoduleOutsideSetupError,
                                    OUTSIDE.format('Variables', 'variable')),
     'invalid parent': (lambda: Mlp(parent=3), errors.InvalidParentError, 'parent must be None'),
+    'flax scope as parent': (lambda: Mlp(parent=flax.core.Scope({})), errors.InvalidParentError,
+                             r'got a flax.core.scope.Scope.*lift.bind\(variables'),
     'missing method': (lambda: Mlp().apply({}, X, method='missing'), errors.InvalidMethodError,
                        '"Mlp" object has no attribute "missing"'),
     'method not taking the module': (lambda: Mlp().apply({}, X, method=lambda: True),
