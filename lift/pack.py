@@ -144,6 +144,13 @@ def _check_groups(what: str, groups: Any, filters: str, expected: int, spec: Pac
       got=got))
 
 
+def _debug_path(outer: tuple[str, ...], transform: str | None) -> tuple[str, ...]:
+  """A lifted root's debug path: the transform's name around the last name, as Flax's."""
+  if transform is None:
+    return outer
+  return outer[:-1] + (f'{transform}({outer[-1]})',) if outer else (f'{transform}()',)
+
+
 def reconstruct(lifted: LiftedScopes, spec: PackSpec, created: list[Scope],
                 variable_groups: VariableGroups, rng_groups: RngGroups,
                 mutable_filter: Filter = True) -> Any:
@@ -161,6 +168,7 @@ def reconstruct(lifted: LiftedScopes, spec: PackSpec, created: list[Scope],
     inner = Scope(variables, rngs, outer.name, inner_mutability(outer, spec, mutable_filter),
                   path=outer.path, flags=outer.flags, rng_counters=outer.rng_counters)
     inner._debug_name = spec.name
+    inner._root_debug_path = _debug_path(outer.debug_path, spec.name)
     inner._unlifted = union_filters(outer.root._unlifted,
                                     subtract_filters(outer.mutable, _returned(outer, spec)))
     inner_roots.append(inner)

@@ -114,6 +114,7 @@ class Scope:
     self._root_alive: list[bool] = parent._root_alive if parent is not None else [True]
     self._invalid = False
     self._debug_name: str | None = None  # the lifted transform that made this root
+    self._root_debug_path: tuple[str, ...] | None = None  # a lifted root's, see debug_path
     self._unlifted: Filter = False  # collections mutable outside it that it does not return
     # Storage for code built on scopes (linen_ext keeps the modules a root adopted
     # here); it lives and dies with the root, even when its values refer back to it.
@@ -137,6 +138,19 @@ class Scope:
     text = '/' + '/'.join(self.path)
     debug = self.root._debug_name
     return f'{debug}({text})' if debug else text
+
+  @property
+  def debug_path(self) -> tuple[str, ...]:
+    """`path` with each lifted transform around the name it lifted, as Flax's.
+
+    >>> seen = []
+    >>> _ = lift.apply(lift.vmap(lambda s: seen.append(s.push('dense').debug_path), {}, {},
+    ...                          axis_size=2))({})
+    >>> seen
+    [('vmap()', 'dense')]
+    """
+    base = self.root._root_debug_path
+    return (self.root.path if base is None else base) + self._rel_path
 
   @property
   def identity(self) -> tuple[int, tuple[str, ...]]:
@@ -188,6 +202,7 @@ class Scope:
                   None if rewind_rngs else self.rng_counters)
     if self.parent is None:
       scope._root_alive, scope._debug_name = self._root_alive, self._debug_name
+      scope._root_debug_path = self._root_debug_path
       scope._unlifted = self._unlifted
     return scope
 

@@ -162,6 +162,28 @@ def test_scope_methods_names_and_variable_tree_match_flax():
   assert sorted(variables['params']) == ['<lambda>_0', 'D0', 'dense_0', 'p']
 
 
+def test_debug_path_names_the_lifted_transforms_as_flax():
+  def top(L, seen):
+    def leaf(s, x):
+      seen.append(s.push('inner').debug_path)
+      return x
+
+    def mid(s, x):
+      return L.vmap(lambda s, x: s.child(leaf, 'leaf')(x), variable_axes={}, split_rngs={})(s, x)
+
+    def body(s, c, x):
+      seen.append(s.debug_path)
+      return c, s.child(mid, 'block')(x)
+
+    return lambda s, x: (seen.append(s.debug_path),
+                         L.scan(body, variable_axes={}, split_rngs={})(s, 0.0, x))
+  seen = {}
+  for L, M in ((flax_lift, flax.core), (lift, lift)):
+    M.init(top(L, seen.setdefault(M.__name__, [])))(KEY, jnp.ones((2, 3, 4)))
+  expected = {(), ('scan()',), ('scan()', 'vmap(block)', 'leaf', 'inner')}
+  assert set(seen['lift']) == set(seen['flax.core']) == expected  # Flax traces the body more often
+
+
 def test_name_reservation_errors_match_flax():
   def probe(scope):
     scope.param('x', lambda k: 1.0)
