@@ -112,6 +112,18 @@ class SubmoduleOutsideSetupError(ModuleError, ValueError, flax_errors.AssignSubM
         'decorate the method with `@nn.compact`, or define them in `setup()`.')
 
 
+class FlaxModuleCalledInlineError(ModuleError, flax_errors.CallCompactUnboundModuleError):
+  """A `flax.linen` module made inside a method of a Module was called unbound."""
+
+  def __init__(self, cls_name: str, method: str):
+    super().__init__(
+        "Can't call compact methods on unbound modules: a flax.linen module made inside "
+        f'`{cls_name}.{method}` is not bound to it (flax binds modules only inside flax '
+        'modules). Fix: wrap it, `nn.from_flax(flax.linen.Dense(3))(x)`, or use this '
+        "package's layer of that name (`nn.Dense(3)(x)`); a flax module assigned in "
+        '`setup` or passed as a field is wrapped for you.')
+
+
 class InvalidParentError(ModuleError, TypeError):
   """`parent=` is not None, a Module or a Scope."""
 

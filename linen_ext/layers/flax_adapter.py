@@ -55,7 +55,7 @@ from linen_ext import errors
 from linen_ext.module import named_call
 from linen_ext.module.state import context
 from linen_ext.module.method_wrapping import nowrap
-from linen_ext.module.core import Module
+from linen_ext.module.core import FOREIGN_MODULES, Module
 
 
 @dataclasses.dataclass(frozen=True)
@@ -429,6 +429,7 @@ class FlaxModule(Module):
   module: flax_nn.Module
   siblings: tuple['FlaxModule', ...] = ()
   _summary_role: ClassVar[str] = 'flax'
+  _wraps_foreign_modules: ClassVar[bool] = False  # it runs the flax module it holds
 
   @nowrap
   def autoname_prefix(self) -> str:
@@ -488,3 +489,6 @@ def from_flax(module: flax_nn.Module, *, name: str | None = None) -> FlaxModule:
     # flax binds a module made in a compact method to that method's module at once.
     _map_flax_children(module, lambda sub: siblings.append(from_flax(sub)))
   return FlaxModule(module, tuple(siblings), name=name)
+
+
+FOREIGN_MODULES[flax_nn.Module] = from_flax  # a flax module held by a Module is wrapped

@@ -31,6 +31,7 @@ from typing import Any, ClassVar, TypeVar
 
 import jax
 from flax import config as flax_config
+from flax import errors as flax_errors
 from flax.core import FrozenDict
 from flax.linen.module import merge_param as merge_param  # noqa: F401 (nn.module.merge_param)
 
@@ -98,6 +99,31 @@ def _sortable(tree: Mapping) -> bool:
   return True
 
 
+# Modules of another module system and how each becomes one of ours: `linen_ext.layers`
+# registers `flax.linen.Module -> from_flax` (this file cannot import it: it imports this).
+FOREIGN_MODULES: dict[type, Callable[[Any], Any]] = {}
+
+
+def wrap_foreign_modules(tree: Any) -> Any:
+  """``tree`` with each module of another system (`flax.linen`'s) wrapped as one of ours.
+
+  Lists, tuples and dicts are walked; other values come back as they are.
+
+  Examples:
+    >>> import flax.linen
+    >>> type(wrap_foreign_modules([flax.linen.Dense(2)])[0]).__name__
+    'FlaxModule'
+  """
+  wrap = next((fn for cls, fn in FOREIGN_MODULES.items() if isinstance(tree, cls)), None)
+  if wrap is not None:
+    return wrap(tree)
+  if isinstance(tree, (dict, FrozenDict)):
+    return type(tree)({k: wrap_foreign_modules(v) for k, v in tree.items()})
+  if isinstance(tree, (list, tuple)) and not hasattr(tree, '_fields'):
+    return type(tree)(wrap_foreign_modules(v) for v in tree)
+  return tree
+
+
 def _module_fields(module) -> list[dataclasses.Field]:
   return [f for f in dataclasses.fields(module) if f.init and f.name not in ('parent', 'name')]
 
@@ -144,6 +170,9 @@ class Module(VariablesMixin, EntryMixin, _DataclassBase):
   # 'row' (a row of its own), 'flax' (none: the flax module it runs reports itself) or
   # 'row_over_flax' (its row, in place of the row of the flax layer it runs).
   _summary_role: ClassVar[str] = 'row'
+  # Whether flax.linen modules held by attributes are wrapped as submodules (`FlaxModule`,
+  # which holds the flax module it runs, says no).
+  _wraps_foreign_modules: ClassVar[bool] = True
 
   def __init_subclass__(cls, kw_only: bool = False, **kwargs):
     super().__init_subclass__(**kwargs)
@@ -226,6 +255,8 @@ class Module(VariablesMixin, EntryMixin, _DataclassBase):
         queue.append(module)
       return module
 
+    if self._wraps_foreign_modules:
+      value = wrap_foreign_modules(value)
     object.__setattr__(self, name, map_modules(adopt, value))
     for module in queue:
       module.__post_init__()
@@ -293,6 +324,10 @@ class Module(VariablesMixin, EntryMixin, _DataclassBase):
           y = fun(self, *args, **kwargs)
       self._capture(fn_name(fun), y)
       return y
+    except flax_errors.CallCompactUnboundModuleError as e:
+      if isinstance(e, errors.ModuleError):  # ours, from a method called inside
+        raise
+      raise errors.FlaxModuleCalledInlineError(type(self).__name__, fn_name(fun)) from e
     finally:
       context.module_stack.pop()
       if is_compact:

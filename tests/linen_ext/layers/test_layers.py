@@ -199,6 +199,25 @@ def test_from_flax_composite_module_matches_native_flax():
   check(make, X, train=False)
 
 
+def test_bare_flax_modules_in_setup_and_fields_are_wrapped_as_flax_places_them():
+  def make(nn):
+    class Model(nn.Module):
+      encoder: flax_nn.Module
+
+      def setup(self):  # a flax module, a list and a dict of them, all unwrapped
+        self.block = FlaxBlock()
+        self.layers = [flax_nn.Dense(3), flax_nn.Dense(4)]
+        self.heads = {'a': flax_nn.Dense(2)}
+
+      def __call__(self, x, train=True):
+        h = self.layers[1](self.layers[0](self.block(self.encoder(x), train)))
+        return self.heads['a'](h)
+    return Model(flax_nn.LayerNorm())
+
+  variables = check(make, X, mutable=['batch_stats', 'intermediates'])
+  assert set(variables['params']) == {'encoder', 'block', 'layers_0', 'layers_1', 'heads_a'}
+
+
 def test_from_flax_custom_module_with_its_own_collection_and_rng_stream():
   def make(nn):
     class Model(nn.Module):

@@ -3,6 +3,7 @@ import re
 
 import flax
 import flax.errors as flax_errors
+import flax.linen as flax_nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -211,6 +212,10 @@ MISUSE = {
         'state', 'w', jnp.ones, (3,)).value).init(KEY, X), errors.SubmoduleOutsideSetupError,
                                    OUTSIDE.format('Variables', 'variable')),
     'invalid parent': (lambda: Mlp(parent=3), errors.InvalidParentError, 'parent must be None'),
+    'bare flax module called in a compact method': (
+        lambda: _module('Bare', __call__=nn.compact(lambda self, x: flax_nn.Dense(2)(x)))().init(
+            KEY, X), errors.FlaxModuleCalledInlineError,
+        r"^Can.t call compact methods on unbound modules: .*`Bare\..*nn.from_flax"),
     'flax scope as parent': (lambda: Mlp(parent=flax.core.Scope({})), errors.InvalidParentError,
                              r'got a flax.core.scope.Scope.*lift.bind\(variables'),
     'missing method': (lambda: Mlp().apply({}, X, method='missing'), errors.InvalidMethodError,
