@@ -211,6 +211,18 @@ class InvalidFilterError(LiftError, TypeError, flax_errors.InvalidFilterError):
     self.filter = filter_like
 
 
+class NotAScopeError(LiftError, TypeError):
+  """A lifted transform was called with something other than scopes where its scope goes."""
+
+  def __init__(self, transform_name, value):
+    name = transform_name or 'pack'
+    super().__init__(
+        f'The lifted `{name}` was called with {type(value).__name__} {value!r:.60} where its '
+        'first argument is a scope (or a pytree of scopes): a lift transform wraps a '
+        'function of a scope, `fn(scope, *args)`. Fix: apply it to such a function; for a '
+        'Module class or method use `nn.lift_transform(transform, ModuleClass, ...)`.')
+
+
 class RepackedScopeError(InvalidScopeError):
   """``repack_fn`` was given scopes it has already repacked (it invalidates them)."""
 

@@ -56,13 +56,16 @@ class PackSpec(NamedTuple):
   name: str | None
 
 
-def dedup_scopes(scope_tree: Any) -> LiftedScopes:
-  """Stage 1: keeps only root scopes; every other scope is a path below one of them."""
+def dedup_scopes(scope_tree: Any, name: str | None = None) -> LiftedScopes:
+  """Stage 1: keeps only root scopes; every other scope is a path below one of them.
+
+  ``name`` (the transform's) is for the error when ``scope_tree`` holds a non-scope.
+  """
   scopes, treedef = jax.tree_util.tree_flatten(
       scope_tree, is_leaf=lambda x: isinstance(x, Scope))
   for scope in scopes:
     if not isinstance(scope, Scope):
-      raise TypeError(f'pack expects a Scope (or a pytree of Scopes), got {type(scope).__name__}.')
+      raise errors.NotAScopeError(name, scope)
     scope._check_valid()
   lifted = {s.identity for s in scopes}
   roots: list[Scope]
@@ -253,7 +256,7 @@ def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
   def wrapper(scope_tree, *args, **kwargs):
     if kwargs and not enable_kwargs:
       raise errors.TransformArgumentError(_NO_KWARGS.format(name=name, names=sorted(kwargs)))
-    lifted = dedup_scopes(scope_tree)
+    lifted = dedup_scopes(scope_tree, name)
     variable_groups, rng_groups = filter_groups(lifted.roots, spec)
     created: list[Scope] = []
     scope_fn = functools.partial(reconstruct, lifted, spec, created)

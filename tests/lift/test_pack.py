@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 import lift
+import linen_ext
 from lift import errors
 from lift.pack import PackSpec, commit, dedup_scopes, filter_groups, reconstruct, repack
 
@@ -187,6 +188,10 @@ MISUSE = {  # name: (thunk, error, match)
     'returns y only': (_custom(_only_y), errors.PackProtocolError, r'`custom` returned.*\(y, out_groups\)'),
     'more out groups than out filters': (_custom(_extra_group), errors.PackProtocolError,
                                          r'out_groups it returns.*out_variable_filters` \(1\)'),
+    'a pack transform applied to a Module class': (
+        lambda: passthrough(linen_ext.Dense)(3), errors.NotAScopeError,
+        r'lifted `identity` was called with int 3 where its first argument is a scope.*'
+        r'nn.lift_transform'),
     'repack_fn called twice': (_custom(_repack_twice), errors.RepackedScopeError,
                                r'repack_fn of the lifted `custom` was given the scope at "custom\(/\)" '
                                r'again.*Fix: call repack_fn\(scope\) once'),
