@@ -55,7 +55,8 @@ from linen_ext import errors
 from linen_ext.module import named_call
 from linen_ext.module.state import context
 from linen_ext.module.method_wrapping import nowrap
-from linen_ext.module.core import FOREIGN_MODULES, Module
+from linen_ext.module.core import Module
+from linen_ext.module.foreign import FOREIGN_MODULES
 
 
 @dataclasses.dataclass(frozen=True)

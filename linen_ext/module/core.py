@@ -41,6 +41,7 @@ from linen_ext import errors
 
 from linen_ext.module import named_call
 from linen_ext.module.state import UNINITIALIZED, ModuleState, SetupState, context
+from linen_ext.module.foreign import wrap_foreign_modules
 from linen_ext.module.interception import run_intercepted
 from linen_ext.module.method_wrapping import compact, fn_name, wrap_method
 from linen_ext.describe import module_repr
@@ -97,31 +98,6 @@ def _sortable(tree: Mapping) -> bool:
   except TypeError:
     return False
   return True
-
-
-# Modules of another module system and how each becomes one of ours: `linen_ext.layers`
-# registers `flax.linen.Module -> from_flax` (this file cannot import it: it imports this).
-FOREIGN_MODULES: dict[type, Callable[[Any], Any]] = {}
-
-
-def wrap_foreign_modules(tree: Any) -> Any:
-  """``tree`` with each module of another system (`flax.linen`'s) wrapped as one of ours.
-
-  Lists, tuples and dicts are walked; other values come back as they are.
-
-  Examples:
-    >>> import flax.linen
-    >>> type(wrap_foreign_modules([flax.linen.Dense(2)])[0]).__name__
-    'FlaxModule'
-  """
-  wrap = next((fn for cls, fn in FOREIGN_MODULES.items() if isinstance(tree, cls)), None)
-  if wrap is not None:
-    return wrap(tree)
-  if isinstance(tree, (dict, FrozenDict)):
-    return type(tree)({k: wrap_foreign_modules(v) for k, v in tree.items()})
-  if isinstance(tree, (list, tuple)) and not hasattr(tree, '_fields'):
-    return type(tree)(wrap_foreign_modules(v) for v in tree)
-  return tree
 
 
 def _module_fields(module) -> list[dataclasses.Field]:
