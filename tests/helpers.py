@@ -70,18 +70,13 @@ def _is_array_like(x):
 
 
 def assert_trees_equal(a, b) -> None:
-  """Same structure, boxes, shapes and dtypes, and bitwise-equal leaves (keys by their data)."""
-  for where, x, y in _leaf_pairs(a, b):
-    if not (_is_array_like(x) and _is_array_like(y)):
-      assert x == y, where
-      continue
-    x, y = _array(x), _array(y)
-    assert (x.shape, x.dtype) == (y.shape, y.dtype), where
-    np.testing.assert_array_equal(x, y, err_msg=where)
+  """Same structure, boxes, shapes and dtypes, and equal leaves (keys by their data)."""
+  assert_trees_close(a, b, depth=0)
 
 
 def assert_trees_close(a, b, depth: int = 4) -> None:
-  """Same structure, boxes, shapes and dtypes; inexact leaves within `tolerance(dtype, depth)`."""
+  """Same structure, boxes, shapes and dtypes; inexact leaves within `tolerance(dtype, depth)`
+  (``depth=0``: equal), the others equal."""
   for where, x, y in _leaf_pairs(a, b):
     if not (_is_array_like(x) and _is_array_like(y)):
       assert x == y, where
