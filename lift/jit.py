@@ -126,7 +126,10 @@ def _parameter(fn: Any, index: int) -> str:
     params = list(inspect.signature(fn).parameters.values())
   except (TypeError, ValueError):
     params = []
-  return repr(params[index].name) if index < len(params) else str(index)
+  positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+  if index < len(params) and params[index].kind in positional:
+    return repr(params[index].name)
+  return str(index)
 
 
 def _hashable_filter(f: Filter) -> Filter:

@@ -3,8 +3,8 @@
 >>> nn.recurrent.LSTMCell is nn.LSTMCell
 True
 """
-from linen_ext.layers.flax_layers import (ConvLSTMCell, GRUCell, LSTMCell, MGUCell,
-                                          OptimizedLSTMCell, SimpleCell)
+from linen_ext.layers.flax_cells import (ConvLSTMCell, GRUCell, LSTMCell, MGUCell,
+                                         OptimizedLSTMCell, SimpleCell)
 from linen_ext.layers.recurrent import RNN, Bidirectional, RNNCellBase, flip_sequences
 
 __all__ = ['RNN', 'RNNCellBase', 'Bidirectional', 'flip_sequences', 'ConvLSTMCell', 'GRUCell',
