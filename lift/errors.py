@@ -286,6 +286,14 @@ class RematPolicyError(LiftError, ValueError):
   """
 
 
+class NestedForwardModeError(RematPolicyError, TypeError):
+  """Forward-mode autodiff (`jax.jvp`, `jax.jacfwd`) reached a loop under ``remat='nested'``.
+
+  The nested policy's backward pass is hand-written (a `jax.custom_vjp`), so it
+  has reverse mode only.
+  """
+
+
 class ScanAxisError(LiftError, ValueError):
   """The `axis` of a `lift.loops` scan, fold or map cannot be used."""
 

@@ -120,3 +120,10 @@ NESTED_SPLIT_TRANSPOSE = (
     "_split_transpose=True cannot be combined with remat='nested' (or a "
     "ScanCheckpointPolicy with nested): the nested loop writes its own backward "
     "pass. Fix: drop one of the two.")
+
+NESTED_FORWARD_MODE = (
+    "Forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) reached a loop with "
+    "remat='nested' (ScanCheckpointPolicy(nested=...)). That policy's backward pass is "
+    "hand-written as a jax.custom_vjp, which has reverse mode only (jax.grad, jax.vjp, "
+    "jax.jacrev work). Fix: for forward mode give this loop remat='full' (or another "
+    "policy without nested); it computes the same values.")

@@ -17,7 +17,7 @@ slice of `xs` (for a layer stack, k layers of parameters) and its cotangent
 would otherwise be copied per block, which `jax.checkpoint` around an inner
 `lax.scan` does and which costs more than the carries saved. The price is a
 `jax.custom_vjp`: reverse mode of any order, `jit` and `vmap` work; forward
-mode (`jax.jvp`) does not.
+mode (`jax.jvp`) raises `NestedForwardModeError`, which says to use 'full'.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import numpy as np
 from jax import lax
 
 from lift import _compat
-from lift.errors import RematPolicyError
+from lift.errors import NestedForwardModeError, RematPolicyError
 from lift.loops import _messages
 
 
@@ -426,4 +426,9 @@ def nested_scan(body: Callable, init: Any, xs: Any, plan: BlockPlan, *,
   """
   pure_body, consts, fixed = _hoist_constants(body, init, _take(xs, 0))
   loop = Loop(pure_body, plan, reverse, unroll, offload_carries)
-  return _nested(loop, consts, fixed, init, xs)
+  try:
+    return _nested(loop, consts, fixed, init, xs)
+  except TypeError as error:
+    if 'forward-mode' not in str(error):
+      raise
+    raise NestedForwardModeError(_messages.NESTED_FORWARD_MODE) from None

@@ -126,6 +126,16 @@ def test_fold_jit_and_grad_under_nested():
   assert_trees_close(f(init), want, depth=12)
 
 
+def test_forward_mode_under_nested_names_the_policy_and_full_gives_the_same_jvp():
+  init, xs = inputs(6)
+  run = lambda remat: lambda i: loops.fold(lambda c, x: body(c, x)[0], remat=remat)(i, xs)
+  with pytest.raises(lift.errors.NestedForwardModeError, match="remat='nested'.*Fix: .*'full'"):
+    jax.jvp(run("nested"), (init,), (init,))
+  assert isinstance(lift.errors.NestedForwardModeError(), TypeError)
+  want = jax.jvp(lambda i: python_scan(body, i, xs)[0], (init,), (init,))
+  assert_trees_close(jax.jvp(run("full"), (init,), (init,)), want, depth=6)
+
+
 NOTHING = jax.checkpoint_policies.nothing_saveable
 KEPT = [  # (remat, the residual shapes at 12 steps, sorted)
     (True, [(12, FEATURES), (12, CARRY)]),
