@@ -177,6 +177,7 @@ class UnknownRngError(LiftError, flax_errors.InvalidRngError):
   """`make_rng` asked for a stream that this scope does not have."""
 
   def __init__(self, rng_name, path, available, scope_name=None):
+    scope_name = scope_name or 'The top-level scope'
     super().__init__(
         f'{scope_name} needs PRNG for "{rng_name}": scope "{_path_text(path)}" has only '
         f'the streams {sorted(available)} (and no "params" stream to fall '

@@ -344,8 +344,8 @@ def _our_variable_errors(scope: Scope):
     found = re.search(r'(?P<module>\S+) needs PRNG for "(?P<name>[^"]*)"', str(e))
     if isinstance(e, LiftError) or found is None:
       raise
-    raise UnknownRngError(found['name'], scope.path_text, scope.rngs,
-                          scope_name=found['module']) from e
+    module = None if found['module'] == 'None' else found['module']  # flax's unnamed root
+    raise UnknownRngError(found['name'], scope.path_text, scope.rngs, scope_name=module) from e
   except tuple(_FLAX_VARIABLE_ERRORS) as e:
     if isinstance(e, LiftError):
       raise
