@@ -124,6 +124,19 @@ class FlaxModuleCalledInlineError(ModuleError, flax_errors.CallCompactUnboundMod
         '`setup` or passed as a field is wrapped for you.')
 
 
+class FlaxPartitioningError(ModuleError, AssertionError):
+  """`flax.linen.partitioning.param_with_axes` / `variable_with_axes` without ``module=``
+  inside a Module: flax finds the current module only among flax modules."""
+
+  def __init__(self, fn: str, cls_name: str, method: str):
+    super().__init__(
+        f'flax.linen.partitioning.{fn} was called in `{cls_name}.{method}` without '
+        '`module=`: it looks for the current module among flax.linen modules only, so it '
+        "finds none in this package's modules. Fix: use this package's drop-in, "
+        f'`from linen_ext import partitioning` (then `partitioning.{fn}(...)`, same '
+        f'arguments, same variables), or pass `module=self` to flax\'s {fn}.')
+
+
 class InvalidParentError(ModuleError, TypeError):
   """`parent=` is not None, a Module or a Scope."""
 

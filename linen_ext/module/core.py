@@ -31,7 +31,6 @@ from typing import Any, ClassVar, TypeVar
 
 import jax
 from flax import config as flax_config
-from flax import errors as flax_errors
 from flax.core import FrozenDict
 from flax.linen.module import merge_param as merge_param  # noqa: F401 (nn.module.merge_param)
 
@@ -41,7 +40,7 @@ from linen_ext import errors
 
 from linen_ext.module import named_call
 from linen_ext.module.state import UNINITIALIZED, ModuleState, SetupState, context
-from linen_ext.module.foreign import wrap_foreign_modules
+from linen_ext.module.foreign import flax_errors_as_ours, wrap_foreign_modules
 from linen_ext.module.interception import run_intercepted
 from linen_ext.module.method_wrapping import compact, fn_name, wrap_method
 from linen_ext.describe import module_repr
@@ -293,17 +292,14 @@ class Module(VariablesMixin, EntryMixin, _DataclassBase):
       recurrent, state.in_compact_method = state.in_compact_method, True
     context.module_stack.append(self)
     try:
-      with self._named_scope(fn_name(fun)):
+      with self._named_scope(fn_name(fun)), \
+          flax_errors_as_ours(type(self).__name__, fn_name(fun)):
         if context.interceptors:
           y = run_intercepted(fun, self, fn_name(fun), args, kwargs)
         else:
           y = fun(self, *args, **kwargs)
       self._capture(fn_name(fun), y)
       return y
-    except flax_errors.CallCompactUnboundModuleError as e:
-      if isinstance(e, errors.ModuleError):  # ours, from a method called inside
-        raise
-      raise errors.FlaxModuleCalledInlineError(type(self).__name__, fn_name(fun)) from e
     finally:
       context.module_stack.pop()
       if is_compact:

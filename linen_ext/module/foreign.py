@@ -5,10 +5,17 @@
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import pathlib
+import traceback
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from flax import errors as flax_errors
 from flax.core import FrozenDict
+from flax.linen import partitioning as flax_partitioning
+
+from linen_ext import errors
 
 # How a module of another system becomes one of ours, by its class (filled by the layers).
 FOREIGN_MODULES: dict[type, Callable[[Any], Any]] = {}
@@ -34,4 +41,29 @@ def wrap_foreign_modules(tree: Any) -> Any:
   return tree
 
 
-__all__ = ['FOREIGN_MODULES', 'wrap_foreign_modules']
+_FLAX_PARTITIONING = pathlib.Path(flax_partitioning.__file__).resolve()
+
+
+@contextlib.contextmanager
+def flax_errors_as_ours(cls_name: str, method: str) -> Iterator[None]:
+  """Errors of `flax.linen` code that looked for a flax module around it, as ours.
+
+  Flax binds modules, and finds "the current module", only inside flax modules:
+  a flax module made and called inline, or flax's `param_with_axes` /
+  `variable_with_axes` called without ``module=`` inside ``cls_name.method``,
+  fail there with flax's unbound-module error or a bare ``AssertionError``.
+  """
+  try:
+    yield
+  except flax_errors.CallCompactUnboundModuleError as e:
+    if isinstance(e, errors.ModuleError):  # ours, from a method called inside
+      raise
+    raise errors.FlaxModuleCalledInlineError(cls_name, method) from e
+  except AssertionError as e:
+    frame = traceback.extract_tb(e.__traceback__)[-1]
+    if pathlib.Path(frame.filename).resolve() != _FLAX_PARTITIONING:
+      raise
+    raise errors.FlaxPartitioningError(frame.name, cls_name, method) from e
+
+
+__all__ = ['FOREIGN_MODULES', 'flax_errors_as_ours', 'wrap_foreign_modules']

@@ -69,6 +69,38 @@ def test_variables_axis_metadata_and_values_match_flax(which):
         flax_partitioning.get_axis_names(v_theirs[collection])
 
 
+def flax_functions_block(lib, explicit):
+  """A block of ported code that kept `from flax.linen import partitioning`."""
+  class Block(lib.Module):
+    @lib.compact
+    def __call__(self, x):
+      module = {'module': self} if explicit else {}
+      w = flax_partitioning.param_with_axes('w', lib.initializers.lecun_normal(), (8, 16),
+                                            axes=('embed', 'mlp'), **module)
+      stats = flax_partitioning.variable_with_axes('stats', 'last', jnp.zeros, (3, 16),
+                                                   axes=('batch', 'mlp'), **module)
+      stats.value = x @ w
+      return stats.value
+  return Block()
+
+
+def test_flax_partitioning_functions_with_module_self_give_flax_variables():
+  def build(lib):
+    block = flax_functions_block(lib, explicit=lib is nn)
+    variables = block.init(jax.random.key(0), X)
+    return variables, block.apply(variables, X, mutable=['stats'])
+  check_linen_parity(build)
+
+
+def test_flax_partitioning_functions_without_module_raise_ours_naming_the_drop_in():
+  with pytest.raises(errors.FlaxPartitioningError) as info:
+    flax_functions_block(nn, explicit=False).init(jax.random.key(0), X)
+  assert isinstance(info.value, AssertionError)  # what flax raises there
+  for fragment in ('flax.linen.partitioning.param_with_axes', '`Block.__call__`',
+                   'Fix:', 'from linen_ext import partitioning', 'module=self'):
+    assert fragment in str(info.value)
+
+
 def test_scan_with_axes_puts_the_layer_axis_first():
   variables = models(nn, partitioning)[1].init(jax.random.key(0), X)
   names = partitioning.get_axis_names(variables['params_axes'])['layers']
