@@ -137,6 +137,19 @@ class FlaxPartitioningError(ModuleError, AssertionError):
         f'arguments, same variables), or pass `module=self` to flax\'s {fn}.')
 
 
+class TimeAxisError(ModuleError, ValueError):
+  """`nn.as_scan`'s ``time_axis`` is an axis the module does not carry state along,
+  while it does along another (most likely the batch axis was given)."""
+
+  def __init__(self, method: str, time_axis: int, causal_axis: int):
+    super().__init__(
+        f'nn.as_scan(time_axis={time_axis}): nothing in `{method}` carries information '
+        f'along axis {time_axis} of its inputs, so the step would keep no state and take '
+        f'each slice along that axis as one time step; the module does carry state along '
+        f'axis {causal_axis} (it is causal along it). Axis {time_axis} is most likely the '
+        f'batch. Fix: time_axis={causal_axis}.')
+
+
 class InvalidParentError(ModuleError, TypeError):
   """`parent=` is not None, a Module or a Scope."""
 

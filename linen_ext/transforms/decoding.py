@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 
 import lift
+from lift.causal import ScanCarry
+from linen_ext import errors
 
 
 def _time_first(module: Any, variables: Any, method: Any, time_axis: int,
@@ -24,6 +26,33 @@ def _time_first(module: Any, variables: Any, method: Any, time_axis: int,
     y = module.apply(variables, inputs, method=method, **apply_kwargs)
     return jax.tree_util.tree_map(lambda v: jnp.moveaxis(v, time_axis, 0), y)
   return g
+
+
+def _keeps_state(carry: ScanCarry) -> bool:
+  return bool(jax.tree_util.tree_leaves(carry.states))
+
+
+def _check_time_axis(carry: ScanCarry, reading: tuple, example_xs: Any,
+                     time_axis: int) -> None:
+  """Refuses a step that keeps no state when another input axis would need some.
+
+  A step without state treats every slice along ``time_axis`` on its own; if the
+  module carries information along another axis, that axis is time and the one
+  given is most likely the batch.
+  """
+  if _keeps_state(carry):
+    return
+  module, variables, method, apply_kwargs = reading
+  rank = min(jnp.ndim(x) for x in jax.tree_util.tree_leaves(example_xs))
+  for axis in [a for a in range(rank) if a != time_axis % rank]:
+    try:
+      g = _time_first(module, variables, method, axis, apply_kwargs)
+      _, other = lift.as_scan(g, _time_first_example(example_xs, axis))
+    except Exception:  # noqa: BLE001 (a probe: any failure means it is not this axis)
+      continue
+    if _keeps_state(other):
+      method_name = method if isinstance(method, str) else getattr(method, '__name__', '__call__')
+      raise errors.TimeAxisError(f'{type(module).__name__}.{method_name}', time_axis, axis)
 
 
 def _time_first_example(example_xs: Any, time_axis: int) -> Any:
@@ -46,6 +75,8 @@ def as_scan(module: Any, variables: Any, example_xs: Any, *, method: Any = None,
 
   Not for models that look ahead in time (bidirectional attention, 'SAME'
   convolutions): those raise `lift.ScanConversionError` naming the operation.
+  A ``time_axis`` along which the module keeps no state, while it does along
+  another axis (the batch axis given by mistake), raises `TimeAxisError`.
 
   Examples:
     >>> class Model(nn.Module):
@@ -61,9 +92,13 @@ def as_scan(module: Any, variables: Any, example_xs: Any, *, method: Any = None,
   """
   g = _time_first(module, variables, method, time_axis, apply_kwargs)
   example = _time_first_example(example_xs, time_axis)
+  reading = (module, variables, method, apply_kwargs)
   if prefill is None:
-    return lift.as_scan(g, example)
+    step, carry = lift.as_scan(g, example)
+    _check_time_axis(carry, reading, example_xs, time_axis)
+    return step, carry
   prompt = jax.tree_util.tree_map(lambda x: jnp.moveaxis(x, time_axis, 0), prefill)
   step, carry, out_prefill = lift.as_scan_with_prefill(g, example, prompt)
+  _check_time_axis(carry, reading, example_xs, time_axis)
   out_prefill = jax.tree_util.tree_map(lambda v: jnp.moveaxis(v, 0, time_axis), out_prefill)
   return step, carry, out_prefill

@@ -68,6 +68,23 @@ def test_module_as_scan_defaults_to_time_first():
   assert_trees_close(run_steps(step, carry, xs), CumsumNet().apply(variables, xs), DEPTH)
 
 
+@pytest.mark.parametrize('prefill', [False, True])
+def test_a_time_axis_the_module_keeps_no_state_along_is_refused_naming_the_causal_one(
+    model_and_variables, prefill):
+  model, variables, inputs = model_and_variables  # [batch, length, ...]
+  prompt = {'prefill': inputs[:1]} if prefill else {}
+  with pytest.raises(nn.errors.TimeAxisError, match=r'time_axis=0\): nothing in `'
+                     rf'{type(model).__name__}.__call__`.*Fix: time_axis=1\.$'):
+    nn.as_scan(model, variables, inputs, **prompt)  # time_axis=0: the batch
+
+
+def test_a_module_without_state_along_any_axis_is_stepped_frame_by_frame():
+  model, xs = nn.Dense(2), jax.random.normal(jax.random.key(2), (3, 4, 5))
+  variables = model.init(jax.random.key(0), xs)
+  step, carry = nn.as_scan(model, variables, xs)
+  assert_trees_close(run_steps(step, carry, xs), model.apply(variables, xs), 1)
+
+
 class LooksAhead(nn.Module):
   @nn.compact
   def __call__(self, x):  # [batch, length, features]
