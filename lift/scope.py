@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from flax.core import meta
 
-from lift import errors
+from lift import errors, param_shapes
 from lift.filters import Filter, in_filter, validate_filter
 from lift.rng import RngCounters, as_stream
 
@@ -363,7 +363,7 @@ class Scope:
     return meta.unbox(value) if unbox else value
 
   def _check_param_shape(self, name, value, init_fn, init_args, init_kwargs):
-    expected = jax.eval_shape(lambda: init_fn(jax.random.key(0), *init_args, **init_kwargs))
+    expected = param_shapes.expected_shapes(init_fn, init_args, init_kwargs)
     have_tree = jax.tree.structure(meta.unbox(value))
     want_tree = jax.tree.structure(meta.unbox(expected))
     if have_tree != want_tree:  # type: ignore[operator]  # jaxlib ships no PyTreeDef stubs

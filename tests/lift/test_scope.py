@@ -134,6 +134,50 @@ def test_param_is_created_once_and_reused_in_apply():
                                 X @ variables['params']['kernel'] + variables['params']['bias'][None])
 
 
+INIT_CALLS = []
+
+
+def counting_normal(scale):
+  """A fresh initializer per call, as `nn.initializers.normal(0.1)` inside a method."""
+  def init(key, shape, dtype=jnp.float32):
+    INIT_CALLS.append(shape)
+    return scale * jax.random.normal(key, shape, dtype)
+  return init
+
+
+@pytest.mark.parametrize('arg, traced_per_apply', [
+    (0.5, 0),                  # plain arguments: the shapes are computed once, then cached
+    (jnp.float32(0.5), 1),     # an array argument: traced on every apply
+])
+def test_param_shape_check_runs_the_initializer_once_per_initializer_and_arguments(
+    arg, traced_per_apply):
+  def model(scope, x, scale):
+    kernel = scope.param('kernel', counting_normal(scale), (x.shape[-1], 3))
+    return x @ kernel
+  _, variables = lift.init(model)(KEY, X, arg)
+  lift.apply(model)(variables, X, arg)
+  INIT_CALLS.clear()
+  for _ in range(3):
+    lift.apply(model)(variables, X, arg)
+  assert len(INIT_CALLS) == 3 * traced_per_apply
+  bad = {'params': {'kernel': variables['params']['kernel'][:-1]}}
+  with pytest.raises(errors.ParamShapeError, match=r'shape \(3, 3\).*has shape \(2, 3\)'):
+    lift.apply(model)(bad, X, arg)  # a cached check still compares
+
+
+def test_param_shape_cache_keys_tell_initializers_apart():
+  from lift.param_shapes import expected_shapes
+  normal = lambda scale: jax.nn.initializers.normal(scale)
+  shapes = [expected_shapes(normal(1.0), ((2,),), {}), expected_shapes(normal(1.0), ((3,),), {}),
+            expected_shapes(jax.nn.initializers.zeros, ((2,),), {'dtype': jnp.int8}),
+            expected_shapes(jax.nn.initializers.zeros, ((2,),), {'dtype': jnp.float16}),
+            expected_shapes(lambda key, n: {'a': jnp.ones(n)}, (2,), {}),
+            expected_shapes(lambda key, n: jnp.ones((n, n)), (2,), {})]
+  assert [getattr(s, 'shape', None) for s in shapes] == [(2,), (3,), (2,), (2,), None, (2, 2)]
+  assert [getattr(s, 'dtype', None) for s in shapes[2:4]] == [jnp.int8, jnp.float16]
+  assert shapes[4]['a'].shape == (2,)
+
+
 def _methods(scope):
   out = {'push': scope.push().name, 'px0': scope.push(prefix='x').name,
          'px1': scope.push(prefix='x').name, 'default': scope.default_name('x')}
