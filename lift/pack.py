@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -154,7 +155,7 @@ def _debug_path(outer: tuple[str, ...], transform: str | None) -> tuple[str, ...
   return outer[:-1] + (f'{transform}({outer[-1]})',) if outer else (f'{transform}()',)
 
 
-def reconstruct(lifted: LiftedScopes, spec: PackSpec, created: list[Scope],
+def reconstruct(lifted: LiftedScopes, spec: PackSpec, created: list[weakref.ref[Scope]],
                 variable_groups: VariableGroups, rng_groups: RngGroups,
                 mutable_filter: Filter = True) -> Any:
   """Stage 4 (``scope_fn``): fresh inner scopes from groups, in the caller's scope tree shape."""
@@ -175,7 +176,7 @@ def reconstruct(lifted: LiftedScopes, spec: PackSpec, created: list[Scope],
     inner._unlifted = union_filters(outer.root._unlifted,
                                     subtract_filters(outer.mutable, _returned(outer, spec)))
     inner_roots.append(inner)
-  created.extend(inner_roots)
+  created.extend(weakref.ref(inner) for inner in inner_roots)
   scopes = []
   for index, below in lifted.paths:
     scope = inner_roots[index]
@@ -258,14 +259,18 @@ def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
       raise errors.TransformArgumentError(_NO_KWARGS.format(name=name, names=sorted(kwargs)))
     lifted = dedup_scopes(scope_tree, name)
     variable_groups, rng_groups = filter_groups(lifted.roots, spec)
-    created: list[Scope] = []
+    # Weak: a scope made in a trace that ends before `fn` returns (a while_loop's
+    # condition, never repacked) must not keep that trace's values alive.
+    created: list[weakref.ref[Scope]] = []
     scope_fn = functools.partial(reconstruct, lifted, spec, created)
     repack_fn = functools.partial(repack, lifted, spec)
     try:
       result = fn(scope_fn, repack_fn, variable_groups, rng_groups, *args, **kwargs)
     finally:
-      for inner in created:
-        inner.invalidate()
+      for ref in created:
+        inner = ref()
+        if inner is not None:
+          inner.invalidate()
     if not (isinstance(result, (tuple, list)) and len(result) == 2):
       raise errors.PackProtocolError(_NOT_A_PAIR.format(name=name or 'pack',
                                                         got=type(result).__name__))

@@ -1,7 +1,10 @@
-"""Lifted `remat_scan`: nested scans whose outer levels rematerialize their steps.
+"""Lifted `remat_scan`: nested scans, every level rematerializing its steps.
 
 Each level is a lifted `scan` (so the loop engine and its checkpoint policies
-are `lift.loops`'s); `policy` is the `jax.checkpoint` policy of each step.
+are `lift.loops`'s); `policy` is the `jax.checkpoint` policy of each step. The
+innermost level is rematerialized too (Flax's is not): while the backward pass
+recomputes one step of level ``k``, it keeps only that level's ``lengths[k+1]``
+carries and one body's internals, not every inner body's internals.
 """
 from __future__ import annotations
 
@@ -53,15 +56,15 @@ def _step_remat(policy: Callable[..., Any] | None) -> loops.ScanCheckpointPolicy
 
 
 def _remat_level(body_fn, lengths: tuple[int, ...], policy, metadata_params, rules: _Rules):
-  remat: loops.ScanCheckpointPolicy | bool | None  # False: no checkpoint
   if len(lengths) == 1:
-    step, remat = functools.partial(_carry_only_step, body_fn), False
+    step = functools.partial(_carry_only_step, body_fn)
   else:
     inner = _remat_level(body_fn, lengths[1:], policy, _inner_metadata(metadata_params), rules)
-    step, remat = functools.partial(_carry_only_step, inner), _step_remat(policy)
+    step = functools.partial(_carry_only_step, inner)
   config = ScanConfig(variable_axes=rules.variable_axes,
                       rng_splits=tuple(rules.split_rngs.values()), in_axes=0, out_axes=0,
-                      size=lengths[0], metadata_params=dict(metadata_params), remat=remat)
+                      size=lengths[0], metadata_params=dict(metadata_params),
+                      remat=_step_remat(policy))
   loop = build_scan(step, rules.variable_broadcast, rules.variable_carry, rules.split_rngs, config)
   return functools.partial(_carry_only, loop)
 
@@ -74,10 +77,11 @@ def remat_scan(body_fn: Callable[..., Any], lengths: Sequence[int],
                metadata_params: Mapping[Any, Any] = {}) -> Callable[..., Any]:  # noqa: B006
   """``body_fn(scope, carry) -> carry`` repeated ``prod(lengths)`` times as nested scans.
 
-  Level ``k`` scans ``lengths[k]`` steps of level ``k + 1``; every level but
-  the innermost rematerializes its steps (``jax.checkpoint`` with ``policy``),
-  so the backward pass keeps about ``sum(lengths)`` carries instead of
-  ``prod(lengths)``. Variables with an axis get one axis per level, outermost
+  Level ``k`` scans ``lengths[k]`` steps of level ``k + 1``; every level
+  rematerializes its steps (``jax.checkpoint`` with ``policy``), so the
+  backward pass keeps about ``sum(lengths)`` carries and one body's internals
+  instead of ``prod(lengths)`` carries (Flax's innermost level keeps every
+  body's internals; the values and gradients are the same). Variables with an axis get one axis per level, outermost
   first: a kernel of ``lengths=(2, 3)`` has shape ``(2, 3, in, out)``.
   ``metadata_params`` names the outermost axis; inner axes get None.
 
