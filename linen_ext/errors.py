@@ -155,9 +155,10 @@ class InvalidParentError(ModuleError, TypeError):
 
   def __init__(self, cls_name: str, parent):
     kind = type(parent).__name__
-    if type(parent).__module__.startswith('flax.core'):  # Flax's scope: ours binds to lift's
-      kind = (f'a {type(parent).__module__}.{kind}: this package\'s modules bind to a lift.Scope, '
-              'which `lift.bind(variables, rngs=..., mutable=...)` makes over the same variables')
+    if type(parent).__module__.startswith('flax.core'):  # a child of Flax's scope
+      kind = (f'a {type(parent).__module__}.{kind} that is not a root (a root one is taken '
+              'as a lift.Scope over its variables); `lift.bind(variables, rngs=..., '
+              'mutable=...)` makes a lift.Scope over the same variables')
     super().__init__(
         f'`{cls_name}(parent=...)` got {kind}; parent must be '
         'None (a detached module), a Module or a lift.Scope. Fix: leave '

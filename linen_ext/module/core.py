@@ -40,7 +40,8 @@ from linen_ext import errors
 
 from linen_ext.module import named_call
 from linen_ext.module.state import UNINITIALIZED, ModuleState, SetupState, context
-from linen_ext.module.foreign import flax_errors_as_ours, wrap_foreign_modules
+from linen_ext.module.foreign import (flax_errors_as_ours, is_flax_scope, scope_over_flax_scope,
+                                      wrap_foreign_modules)
 from linen_ext.module.interception import run_intercepted
 from linen_ext.module.method_wrapping import compact, fn_name, wrap_method
 from linen_ext.describe import module_repr
@@ -172,6 +173,8 @@ class Module(VariablesMixin, EntryMixin, _DataclassBase):
       self._attach_to_parent()
     elif isinstance(self.parent, Scope):
       object.__setattr__(self, 'scope', self.parent)
+    elif is_flax_scope(self.parent):
+      object.__setattr__(self, 'scope', scope_over_flax_scope(self.parent, type(self).__name__))
     else:
       raise errors.InvalidParentError(type(self).__name__, self.parent)
     for field in _module_fields(self):

@@ -15,6 +15,8 @@ from flax import errors as flax_errors
 from flax.core import FrozenDict
 from flax.linen import partitioning as flax_partitioning
 
+from lift.scope import Scope
+
 from linen_ext import errors
 
 # How a module of another system becomes one of ours, by its class (filled by the layers).
@@ -39,6 +41,25 @@ def wrap_foreign_modules(tree: Any) -> Any:
   if isinstance(tree, (list, tuple)) and not hasattr(tree, '_fields'):
     return type(tree)(wrap_foreign_modules(v) for v in tree)
   return tree
+
+
+def is_flax_scope(value: Any) -> bool:
+  """Whether ``value`` is a `flax.core.Scope` (told by its class, without importing flax's)."""
+  return type(value).__name__ == 'Scope' and type(value).__module__ == 'flax.core.scope'
+
+
+def scope_over_flax_scope(flax_scope: Any, cls_name: str) -> Scope:
+  """A `lift.Scope` that reads and writes the variables of the root `flax.core.Scope` given.
+
+  What a module bound to it creates lands in ``flax_scope.variables()``, as with
+  Flax. Its rng streams start from the same keys; the keys drawn are this
+  package's, not Flax's.
+  """
+  if flax_scope.parent is not None:
+    raise errors.InvalidParentError(cls_name, flax_scope)
+  rngs = {name: rng.as_jax_rng() for name, rng in flax_scope.rngs.items()}
+  return Scope(flax_scope._variables, rngs, mutable=flax_scope.mutable,
+               flags=flax_scope.flags)
 
 
 _FLAX_PARTITIONING = pathlib.Path(flax_partitioning.__file__).resolve()
@@ -66,4 +87,5 @@ def flax_errors_as_ours(cls_name: str, method: str) -> Iterator[None]:
     raise errors.FlaxPartitioningError(frame.name, cls_name, method) from e
 
 
-__all__ = ['FOREIGN_MODULES', 'flax_errors_as_ours', 'wrap_foreign_modules']
+__all__ = ['FOREIGN_MODULES', 'flax_errors_as_ours', 'is_flax_scope', 'scope_over_flax_scope',
+           'wrap_foreign_modules']

@@ -216,8 +216,9 @@ MISUSE = {
         lambda: _module('Bare', __call__=nn.compact(lambda self, x: flax_nn.Dense(2)(x)))().init(
             KEY, X), errors.FlaxModuleCalledInlineError,
         r"^Can.t call compact methods on unbound modules: .*`Bare\..*nn.from_flax"),
-    'flax scope as parent': (lambda: Mlp(parent=flax.core.Scope({})), errors.InvalidParentError,
-                             r'got a flax.core.scope.Scope.*lift.bind\(variables'),
+    'flax child scope as parent': (lambda: Mlp(parent=flax.core.Scope({}).push('a')),
+                                   errors.InvalidParentError,
+                                   r'got a flax.core.scope.Scope that is not a root.*lift.bind'),
     'missing method': (lambda: Mlp().apply({}, X, method='missing'), errors.InvalidMethodError,
                        '"Mlp" object has no attribute "missing"'),
     'method not taking the module': (lambda: Mlp().apply({}, X, method=lambda: True),

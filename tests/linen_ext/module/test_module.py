@@ -729,3 +729,19 @@ def test_adopting_an_outside_module_keeps_no_variables_alive_after_the_call():
   assert not [o for o in gc.get_objects() if isinstance(o, jax.Array) and o.shape == (41, 37)]
   with jax.checking_leaks():  # no tracer outlives a jitted init either
     jax.jit(lambda x: model.init(KEY, x))(jnp.ones((1, 41)))
+
+
+def test_a_root_flax_core_scope_as_parent_holds_what_the_module_creates():
+  """Flax's own tests bind modules with `parent=flax.core.Scope(...)`; ours take it too."""
+  import flax.core
+
+  def bound_to_flax_scope(lib):
+    scope = flax.core.Scope({}, {'params': jax.random.key(0)}, mutable=['params', 'stats'])
+    y = lib.Dense(3, parent=scope)(jnp.ones((2, 4)))
+    return scope.variables(), y
+
+  (ours, y), (theirs, _) = [bound_to_flax_scope(lib) for lib in (nn, flax_nn)]
+  assert jax.tree.map(jnp.shape, ours) == jax.tree.map(jnp.shape, theirs)  # the keys drawn differ
+  assert_trees_equal(y, nn.Dense(3).apply(ours, jnp.ones((2, 4))))
+  frozen = flax.core.Scope(flax.core.freeze(ours), {})  # immutable: reads only
+  assert_trees_equal(nn.Dense(3, parent=frozen)(jnp.ones((2, 4))), y)
