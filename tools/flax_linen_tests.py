@@ -12,13 +12,22 @@ version), then, from this repository's root:
 It copies `tests/linen/*_test.py` into a scratch folder (a temporary one, or `--workdir`),
 swaps the imports of the Module system (`from flax import linen as nn`,
 `import flax.linen as nn`, `from flax.linen[.sub] import public_names`, and dotted
-`'flax.linen.x'` strings as given to `mock.patch`) for `linen_ext`, runs pytest there (so
+`'flax.linen.x.y'` strings as given to `mock.patch`) for `linen_ext`, runs pytest there (so
 this repository's `conftest.py` and pytest settings do not apply) with this repository on
 `PYTHONPATH`, and prints passed / failed / errors / skipped per file and in total. Imports
-of Flax's internals that the tests test (`flax.core`, `flax.errors`, `flax.traverse_util`,
-private names such as `flax.linen.transforms._HashableProxy`) are left alone. As in Flax's
-own CI, JAX sees 4 host devices. `notes/flax-linen-tests.md` has the latest counts and the
-reason for every test that does not pass.
+of Flax's internals that the tests test (`flax.core`, `flax.errors`, `flax.traverse_util`)
+and private names (`flax.linen.transforms._HashableProxy`,
+`mock.patch('flax.linen.partitioning._with_sharding_constraint')`) are left alone. As in
+Flax's own CI, JAX sees 4 host devices.
+
+`--lift-scope` also replaces the `Scope` imported from `flax.core` (which some tests pass
+as a module's `parent`) by this package's `lift.Scope`: a second count, showing which of
+those tests fail only for being given Flax's scope object.
+
+Flax's tests need one package this project does not: `cloudpickle`. Without it two tests
+fail on the import; install it, or `pip install --target DIR cloudpickle` and put DIR on
+`PYTHONPATH` (which the tool keeps). `notes/flax-linen-tests.md` has the latest counts and
+the reason for every test that does not pass.
 """
 from __future__ import annotations
 
@@ -39,9 +48,12 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 _SWAPS = (
     (re.compile(r'^(\s*)from flax import linen as (\w+)\s*$', re.M), r'\1import linen_ext as \2'),
     (re.compile(r'^(\s*)import flax\.linen as (\w+)\s*$', re.M), r'\1import linen_ext as \2'),
-    (re.compile(r"(['\"])flax\.linen\.(\w)"), r'\1linen_ext.\2'),
+    # A dotted name in a string (``mock.patch('flax.linen.spmd.f')``), unless it is private.
+    (re.compile(r"(['\"])flax\.linen((?:\.[a-zA-Z]\w*)+['\"])"), r'\1linen_ext\2'),
 )
 _FROM_IMPORT = re.compile(r'^(\s*)from flax\.linen((?:\.\w+)*) import (.+)$', re.M)
+_SCOPE_IMPORT = re.compile(r'^(\s*)from flax\.core import ((?:[\w ]+, )*Scope(?:, [\w ]+)*)$',
+                           re.M)
 
 
 def _swap_from_import(match: re.Match) -> str:
@@ -59,15 +71,28 @@ def swap_imports(source: str) -> str:
   return _FROM_IMPORT.sub(_swap_from_import, source)
 
 
+def _swap_scope_import(match: re.Match) -> str:
+  indent, names = match.groups()
+  rest = [n.strip() for n in names.split(',') if n.strip() != 'Scope']
+  kept = f'{indent}from flax.core import {", ".join(rest)}\n' if rest else ''
+  return f'{kept}{indent}from lift import Scope'
+
+
+def swap_scope(source: str) -> str:
+  """Returns `source` with ``from flax.core import ..., Scope, ...`` taking `lift.Scope`."""
+  return _SCOPE_IMPORT.sub(_swap_scope_import, source)
+
+
 def copy_tests(flax_tests: pathlib.Path, workdir: pathlib.Path, files: list[str],
-               swap: bool) -> list[str]:
+               swap: bool, lift_scope: bool = False) -> list[str]:
   """Copies the linen test files into `workdir` (swapped if `swap`); returns their names."""
   linen_dir = flax_tests / 'linen'
   names = files or sorted(p.name for p in linen_dir.glob('*_test.py'))
   workdir.mkdir(parents=True, exist_ok=True)
   for name in names:
     source = (linen_dir / name).read_text()
-    (workdir / name).write_text(swap_imports(source) if swap else source)
+    source = swap_imports(source) if swap else source
+    (workdir / name).write_text(swap_scope(source) if lift_scope else source)
   # An empty ini file pins pytest's rootdir here: no settings or conftest from elsewhere.
   (workdir / 'pytest.ini').write_text('[pytest]\n')
   return names
@@ -138,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument('-k', help="pytest's -k expression")
   parser.add_argument('--no-swap', action='store_true',
                       help='copy the files unchanged (Flax tested against itself)')
+  parser.add_argument('--lift-scope', action='store_true',
+                      help="give the tests lift.Scope where they import flax.core's Scope")
   parser.add_argument('--show-failures', action='store_true',
                       help='list each failing test with the first line of its message')
   parser.add_argument('-v', '--verbose', action='store_true', help="show pytest's output")
@@ -147,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.error(f'{args.flax_tests} has no linen/ folder')
   workdir = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix='flax_linen_tests_'))
   try:
-    names = copy_tests(args.flax_tests, workdir, args.files, swap=not args.no_swap)
+    names = copy_tests(args.flax_tests, workdir, args.files, swap=not args.no_swap,
+                       lift_scope=args.lift_scope)
     run_pytest(workdir, names, args)
     if not (workdir / 'results.xml').exists():
       print('pytest wrote no results (run with -v to see why)', file=sys.stderr)

@@ -1,9 +1,11 @@
 """Lifted checkpoint/remat: the values, variables, rng draws and gradients of no remat."""
 
+import flax.core
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax.core import lift as flax_lift
 
 import lift
 import linen_ext as nn
@@ -119,3 +121,16 @@ def test_linen_remat_static_argnames():
   dense = variables['params']['CheckpointBlock_0']['Dense_0']
   expected = 4 * (x @ dense['kernel'] + dense['bias'][None])
   assert_trees_close(Model().apply(variables, x), expected, depth=1)
+
+
+def test_debug_paths_name_the_transform_as_flax_core():
+  """A checkpointed scope's debug_path reads ``remat(name)``, as flax.core.lift's."""
+  def probe(L, seen):
+    def leaf(scope, x):
+      seen.append(scope.push('inner').debug_path)
+      return x
+    return lambda scope, x: scope.child(L.checkpoint(L.checkpoint(leaf)), 'block')(x)
+  seen = {}
+  for L, M in ((flax_lift, flax.core), (lift, lift)):
+    M.init(probe(L, seen.setdefault(M.__name__, [])))(RNGS, X)
+  assert seen['lift'] == seen['flax.core'] == [('remat(remat(block))', 'inner')]
