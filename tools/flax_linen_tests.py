@@ -110,7 +110,8 @@ def run_pytest(workdir: pathlib.Path, names: list[str], args: argparse.Namespace
     command += ['-k', args.k]
   command += args.pytest_args + names
   output = None if args.verbose else subprocess.DEVNULL
-  return subprocess.run(command, cwd=workdir, env=env, stdout=output, check=False).returncode
+  return subprocess.run(command, cwd=workdir, env=env, stdout=output, stderr=output,
+                        check=False).returncode
 
 
 def _outcome(case: ElementTree.Element) -> str:
