@@ -18,7 +18,8 @@ this repository's `conftest.py` and pytest settings do not apply) with this repo
 of Flax's internals that the tests test (`flax.core`, `flax.errors`, `flax.traverse_util`)
 and private names (`flax.linen.transforms._HashableProxy`,
 `mock.patch('flax.linen.partitioning._with_sharding_constraint')`) are left alone. As in
-Flax's own CI, JAX sees 4 host devices.
+Flax's own CI, JAX runs on the CPU with 4 host devices (`JAX_PLATFORMS` and `XLA_FLAGS`
+in the environment override this).
 
 `--lift-scope` also replaces the `Scope` imported from `flax.core` (which some tests pass
 as a module's `parent`) by this package's `lift.Scope`: a second count, showing which of
@@ -105,7 +106,8 @@ def run_pytest(workdir: pathlib.Path, names: list[str], args: argparse.Namespace
   env.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=4')
   env.setdefault('JAX_PLATFORMS', 'cpu')
   command = [sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
-             '--junitxml=results.xml', '-o', 'junit_family=xunit1', '-n', str(args.n)]
+             '--continue-on-collection-errors', '--junitxml=results.xml',
+             '-o', 'junit_family=xunit1', '-n', str(args.n)]
   if args.k:
     command += ['-k', args.k]
   command += args.pytest_args + names
@@ -125,11 +127,14 @@ def read_results(xml_path: pathlib.Path) -> dict[str, list[tuple[str, str, str]]
   """Per file: (test id, outcome, first line of the message) for every test case."""
   by_file: dict[str, list[tuple[str, str, str]]] = collections.defaultdict(list)
   for case in ElementTree.parse(xml_path).iter('testcase'):
-    file_name = case.get('file') or case.get('classname', '?').split('.')[0] + '.py'
+    # A file that fails to import is one case with an error, named after the file.
+    classname = case.get('classname') or case.get('name', '?').replace('/', '.')
+    file_name = case.get('file') or classname.split('.')[0] + '.py'
     outcome = _outcome(case)
     detail = next((child for child in case if child.tag in ('failure', 'error')), None)
     message = (detail.get('message') or '') if detail is not None else ''
-    test_id = f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}"
+    test_class = (case.get('classname') or '').split('.')[-1]
+    test_id = f"{test_class}::{case.get('name')}" if test_class else str(case.get('name'))
     by_file[pathlib.Path(file_name).name].append((test_id, outcome, message.split('\n')[0]))
   return by_file
 
