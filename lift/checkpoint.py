@@ -145,7 +145,8 @@ def checkpoint(fn: Callable[..., Any], variables: Filter = True, rngs: Filter = 
   names = frozenset(check_argnames('checkpoint', 'static_argnames', static_argnames))
   inner = functools.partial(_checkpoint_groups, fn, argnums, names, prevent_cse, policy)
   functools.update_wrapper(inner, fn)
-  return pack(inner, (variables,), (variables,), (rngs,), name='checkpoint')
+  # 'remat', as flax.core.lift names it: a scope's debug_path reads remat(name).
+  return pack(inner, (variables,), (variables,), (rngs,), name='remat')
 
 
 remat = checkpoint

@@ -1,15 +1,17 @@
 """Lifted checkpoint/remat: the values, variables, rng draws and gradients of no remat."""
 
+import flax.core
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax.core import lift as flax_lift
 
 import lift
 import linen_ext as nn
 from lift import errors
 
-from tests.helpers import assert_trees_close, counter, dense, mlp
+from tests.helpers import assert_trees_close, check_linen_parity, counter, dense, mlp
 from tests.lift.test_flax_core_parity import check
 
 X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
@@ -119,3 +121,41 @@ def test_linen_remat_static_argnames():
   dense = variables['params']['CheckpointBlock_0']['Dense_0']
   expected = 4 * (x @ dense['kernel'] + dense['bias'][None])
   assert_trees_close(Model().apply(variables, x), expected, depth=1)
+
+
+def test_debug_paths_name_the_transform_as_flax_core():
+  """A checkpointed scope's debug_path reads ``remat(name)``, as flax.core.lift's."""
+  def probe(L, seen):
+    def leaf(scope, x):
+      seen.append(scope.push('inner').debug_path)
+      return x
+    return lambda scope, x: scope.child(L.checkpoint(L.checkpoint(leaf)), 'block')(x)
+  seen = {}
+  for L, M in ((flax_lift, flax.core), (lift, lift)):
+    M.init(probe(L, seen.setdefault(M.__name__, [])))(RNGS, X)
+  assert seen['lift'] == seen['flax.core'] == [('remat(remat(block))', 'inner')]
+
+
+def test_module_paths_and_debug_paths_under_nested_remat_match_flax():
+  def build(nn):
+    seen = []
+
+    class Leaf(nn.Module):
+      def setup(self):
+        seen.append((self.path, self.scope.debug_path))
+
+      def __call__(self, x):
+        return x
+
+    class Top(nn.Module):
+      def setup(self):
+        self.leaf = nn.remat(nn.remat(Leaf))()
+
+      def __call__(self, x):
+        return self.leaf(x)
+
+    Top().init(KEY, X)
+    # Flax also runs setup on a copy at path () (its check before the transform), and again.
+    return sorted({entry for entry in seen if entry[0]})
+  ours, _ = check_linen_parity(build)
+  assert ours == [(('leaf',), ('remat(remat(leaf))',))]
