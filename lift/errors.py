@@ -199,6 +199,17 @@ class NameInUseError(LiftError, ValueError, flax_errors.NameInUseError):
     self.name, self.path = name, path
 
 
+class InvalidNameError(LiftError, TypeError):
+  """A child scope or variable was given a name that is not a string."""
+
+  def __init__(self, name, path):
+    super().__init__(
+        f'Scope names must be strings, got {name!r} ({type(name).__name__}) at '
+        f'"{_path_text(path)}". Fix: name children and variables with strings, e.g. '
+        f'`scope.push("layer_{name}")`, or leave the name out to get an automatic one.')
+    self.name, self.path = name, path
+
+
 class InvalidFilterError(LiftError, TypeError, flax_errors.InvalidFilterError):
   """A filter is not a bool, a string, a collection of strings or a DenyList."""
 
@@ -308,6 +319,20 @@ class AxisSizeError(LiftError, ValueError):
   The mapped arguments and variables disagree, disagree with `axis_size` /
   `length`, or nothing is mapped and no size was given.
   """
+
+
+class PartitionNameError(LiftError, flax_errors.PartitioningUnspecifiedError):
+  """A transform adds an axis to a `Partitioned` variable, but its ``metadata_params`` give
+  no name for the axis."""
+
+  def __init__(self, path: str, names):
+    LiftError.__init__(
+        self, 'Trying to transform a Partitioned variable but "partition_name" is not '
+        f'specified in metadata_params: variable {path} (axes {names}) gains an axis that '
+        'its box cannot name. Fix: pass the name to the transform or stack, '
+        'metadata_params={nn.PARTITION_NAME: "layers"} (nn.PARTITION_NAME is '
+        'flax.core.meta.PARTITION_NAME), or declare the variable without partitioning.')
+    self.path = path
 
 
 class InvalidAxisError(LiftError, ValueError):

@@ -215,7 +215,7 @@ class Scope:
   def reserve(self, name: str, col: str | None = None):
     """Claims ``name`` for a child (``col=None``) or a variable of ``col``."""
     if not isinstance(name, str):
-      raise TypeError(f'Scope names must be strings, got {name!r} at "{self.path_text}".')
+      raise errors.InvalidNameError(name, self.path_text)
     if self.name_reserved(name, col):
       raise errors.NameInUseError(name, self.path_text, col)
     self.reservations[name].add(col)

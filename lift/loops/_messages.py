@@ -77,7 +77,9 @@ AXIS_ABSENT = (
     "that the arrays have, or length=N to loop over unscanned inputs.")
 
 TAPS_SPEC = (
-    "scan_taps: {where}={value!r} is not valid: expected {expected}.")
+    "scan_taps: {where}={value!r} is not valid: expected {expected}. Fix: see "
+    "lift.loops.scan_taps: a sequence is an array or {{'input': x, 'taps': [-1, 0]}}, an "
+    "output None, an initial value or {{'initial': x0, 'taps': [-2, -1]}}.")
 
 TAPS_OUTPUT_NOT_PAST = (
     "scan_taps: outputs_info[{index}] has taps {taps}; an output can only be "
