@@ -364,9 +364,10 @@ class PackProtocolError(LiftError, TypeError):
   filter, one entry per lifted root scope), or did not return `(y, out_groups)`."""
 
 
-class JitArgumentError(LiftError, TypeError):
+class JitArgumentError(LiftError, TypeError, ValueError):
   """A call of a lifted `jit` passes a value it cannot trace or cache: a
-  non-array argument not marked static, or an unhashable static value."""
+  non-array argument not marked static (`jax.jit` raises a TypeError), or an unhashable
+  static value (a ValueError for `jax.jit` and Flax)."""
 
 
 class RngReplayError(LiftError):

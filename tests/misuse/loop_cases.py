@@ -93,9 +93,18 @@ class LooksAhead(nn.Module):
     return nn.Conv(4, kernel_size=(3,), padding='SAME')(x)
 
 
-def _non_causal_module():
+def _non_causal_module(level):
   x = jnp.ones((1, 6, 2))
-  return nn.as_scan(LooksAhead(), LooksAhead().init(jax.random.key(0), x), x, time_axis=1)
+  variables = LooksAhead().init(jax.random.key(0), x)
+  if level == 'module':
+    return nn.as_scan(LooksAhead(), variables, x, time_axis=1)
+  return as_scan(lambda z: LooksAhead().apply(variables, z[None])[0], x[0])
+
+
+def _masked_attention(x):
+  logits = jnp.einsum('qd,kd->qk', x, x)
+  mask = jnp.tril(jnp.ones((x.shape[0],) * 2, bool))
+  return jax.nn.softmax(jnp.where(mask, logits, -1e9)) @ x
 
 
 T = 6
@@ -110,8 +119,14 @@ AS_SCAN = [
          'same positive length'),
     case('as_scan_with_prefill given a prefill of another shape', lambda: as_scan_with_prefill(
         jnp.tanh, XS, XS[:2, :2]), errors.ScanConversionError, 'prefill must have'),
-    case('nn.as_scan of a module looking ahead in time', _non_causal_module,
-         errors.ScanConversionError, 'conv_general_dilated'),
+    case('as_scan of a hand-written causal attention', lambda: as_scan(
+        _masked_attention, jnp.linspace(0.0, 1.0, 3 * T).reshape(T, 3)),
+         errors.ScanConversionError, 'custom_causal'),
+    case('nn.as_scan of a module looking ahead in time', lambda: _non_causal_module('module'),
+         errors.ScanConversionError, 'conv_general_dilated', 'anti-causal'),
+    case("as_scan of a function applying a module that looks ahead in time",
+         lambda: _non_causal_module('function'), errors.ScanConversionError,
+         'conv_general_dilated', 'anti-causal'),
 ]
 
 CASES = POLICIES + LOOPS + AS_SCAN

@@ -138,7 +138,25 @@ TARGETS = [
          'nn.as_scan(MyModule(...), variables, example_xs)'),
 ]
 
+def _array_made_static(name):
+  """static_argnums=(1,) counts self: it makes x static."""
+  def build(nn):
+    class Block(nn.Module):
+      @nn.compact
+      def __call__(self, x, n):
+        return jnp.tile(nn.Dense(n)(x), (1, n))
+
+    getattr(nn, name)(Block, static_argnums=(1,))().init(KEY, jnp.ones((1, 3)), 2)
+  return build
+
+
 ARGUMENTS = [
+    both('nn.jit static_argnums making an array static', _array_made_static('jit'),
+         lift_errors.JitArgumentError, ValueError, "static argument 'x' of ",
+         'Block.__call__ is Array'),
+    both('nn.checkpoint static_argnums making an array static', _array_made_static('checkpoint'),
+         lift_errors.TransformArgumentError, TypeError, "static argument 'x' of", 'Block.__call__',
+         'shape (1, 3)', 'counts self as 0'),
     case('nn.jit static_argnums past the arguments', lambda: nn.jit(
         lambda self, x, train: x, static_argnums=(3,)), errors.StaticArgnumsError, 'position 3',
          "['self', 'x', 'train']"),

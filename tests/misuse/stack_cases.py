@@ -217,6 +217,15 @@ SCAN_LAYERS = [
     case('scan_layers over layers closing over different values', _scan_layers(
         lambda: [nn.Dense(4, kernel_init=nn.initializers.normal(s)) for s in (0.02, 0.03)]),
          errors.LayerMismatchError, 'layer 1', 'kernel_init'),
+    case('scan_layers at init over layers with different fields', lambda: Layers(lambda: [
+        nn.Dense(4, precision=p) for p in (None, 'highest')]).init(KEY, X),
+         errors.LayerMismatchError, "field 'precision'"),
+    case('scan_layers at init over layers closing over different values', lambda: Layers(lambda: [
+        nn.Dense(4, kernel_init=nn.initializers.normal(s)) for s in (0.02, 0.03)]).init(KEY, X),
+         errors.LayerMismatchError, 'kernel_init'),
+    case('scan_layers at init over one module listed twice', lambda: Layers(
+        lambda: (lambda b: [b, b])(Block())).init(KEY, X), errors.LayerStackError,
+         'layers 0 and 1 are the same module'),
     case('scan_layers over one module listed twice', _scan_layers(
         lambda: (lambda b: [b, b])(Block())), errors.LayerStackError,
          'layers 0 and 1 are the same module'),

@@ -71,6 +71,16 @@ def _keywords_refused():
   return lift.apply(packed)({}, x=1.0)
 
 
+def _kept_in_pack(what):
+  kept = {}
+
+  def keep(scope):
+    kept['scope'] = scope.push('inner')
+    kept['variable'] = scope.variable('state', 'x', lambda: 1)
+  lift.apply(lambda s: passthrough(keep)(s.push('outer')), mutable=True)({})
+  return kept[what]
+
+
 UNMAPPED = '"batch_stats" is immutable inside the lifted `my_transform`'
 PACK = [
     case('a pack transform returning params only, given params', _unmapped(('params',)),
@@ -97,6 +107,11 @@ PACK = [
          errors.PackProtocolError, 'out_groups it returns', 'out_variable_filters` (1)'),
     case('a pack transform applied to a Module class', lambda: passthrough(linen_ext.Dense)(3),
          errors.NotAScopeError, 'lifted `identity` was called with int 3', 'nn.lift_transform'),
+    case('a scope kept from inside a pack transform used after apply', lambda: _kept_in_pack(
+        'scope').get_variable('state', 'x'), errors.InvalidScopeError,
+         '"identity(/outer/inner)" is no longer valid'),
+    case('a Variable kept from inside a pack transform read after apply', lambda: _kept_in_pack(
+        'variable').value, errors.InvalidScopeError, '"identity(/outer)" is no longer valid'),
     case('repack_fn called twice', _custom(_repack_twice), errors.RepackedScopeError,
          'repack_fn of the lifted `custom` was given the scope at "custom(/)" again',
          'call repack_fn(scope) once'),
@@ -180,6 +195,9 @@ CHECKPOINT_JIT = [
     case('checkpoint static_argnums beyond the arguments', _jit_called(lift.checkpoint(
         dense, static_argnums=(2,)), 2), errors.ArgnumsError, 'names argument 2',
          'only 2 positional'),
+    case('checkpoint static_argnums making an array static', _jit_called(lift.checkpoint(
+        dense, static_argnums=0), 2), errors.TransformArgumentError,
+         "static argument 'x' of dense is an array of shape (2, 3)"),
     case('checkpoint with concrete=True', lambda: lift.checkpoint(dense, concrete=True),
          errors.TransformArgumentError, 'concrete', 'static_argnums'),
     case('jit static_argnums given a string', lambda: lift.jit(dense, static_argnums='x'),
