@@ -213,13 +213,15 @@ class InvalidNameError(LiftError, TypeError):
 class InvalidFilterError(LiftError, TypeError, flax_errors.InvalidFilterError):
   """A filter is not a bool, a string, a collection of strings or a DenyList."""
 
-  def __init__(self, filter_like):
+  def __init__(self, filter_like, where: str | None = None):
+    """``where``: the argument that holds it, e.g. "the `mutable` argument of `apply`"."""
+    held = f' (in {where})' if where else ''
     super().__init__(
-        f'Invalid filter {filter_like!r} of type {type(filter_like).__name__}. '
+        f'Invalid filter {filter_like!r} of type {type(filter_like).__name__}{held}. '
         'A filter is True (everything), False (nothing), a collection name, '
         'a list/tuple/set of names, or DenyList(filter). Fix: e.g. '
         '`["params", "batch_stats"]` or `DenyList("params")`.')
-    self.filter = filter_like
+    self.filter, self.where = filter_like, where
 
 
 class NotAScopeError(LiftError, TypeError):

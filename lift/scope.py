@@ -98,7 +98,8 @@ class Scope:
                parent: 'Scope | None' = None, path: tuple[str, ...] = (),
                flags: Mapping[str, Any] | None = None,
                rng_counters: RngCounters | None = None):
-    self.name, self.parent, self.mutable = name, parent, validate_filter(mutable)
+    self.name, self.parent = name, parent
+    self.mutable = validate_filter(mutable, 'the `mutable` argument')
     self.path = tuple(path)
     self.rngs = {k: as_stream(v) for k, v in (rngs or {}).items()}
     self.flags = dict(flags or {})

@@ -94,6 +94,23 @@ def _broadcast_param_written_per_step(m, nn, c, x):
   return c + p.value[None]
 
 
+def _scan_of_a_passed_module(nn):
+  class Cell(nn.Module):
+    @nn.compact
+    def __call__(self, c, x, head):
+      h = nn.Dense(4)(x) + c
+      return h + head(x), h
+
+  def call(m, nn, xs):
+    head = nn.Dense(4, name='head')
+    head(xs[0])
+    scanned = nn.scan(Cell, variable_axes={'params': 0}, split_rngs={'params': True},
+                      in_axes=(0, nn.broadcast))
+    return scanned()(jnp.zeros((2, 4)), xs, head)  # the passed module's params are scanned too
+  model = compact(nn, call)
+  model.apply(model.init(KEY, XS), XS)
+
+
 def _vmap_sizes(nn):
   model = compact(nn, lambda m, nn, x: nn.vmap(nn.Dense, **ENSEMBLE)(3)(x))
   model.apply(model.init(KEY, XS), jnp.ones((4, 2, 3)))
@@ -207,6 +224,11 @@ BODIES = [
         nn, _broadcast_param_written_per_step, XS, variable_broadcast='params',
         split_rngs={'params': False}), lift_errors.LoopInvariantError, ValueError,
          'broadcast variable params/w'),
+    both('nn.scan scanning the params of a module passed as an argument',
+         _scan_of_a_passed_module, lift_errors.AxisSizeError, flax_errors.ScopeParamShapeError,
+         'axis 0 of variable params/bias (4,)',
+         xfail="Flax raises ScopeParamShapeError for the passed module's params, which are "
+               'not stacked; our AxisSizeError (a ValueError) is not one'),
     both('nn.vmap input and params of different sizes', _vmap_sizes, lift_errors.AxisSizeError,
          ValueError, 'size 4: axis 0 of args[0]', 'size 3: axis 0 of variable params/bias'),
     both('nn.vmap of a ready-made layer without a params stream', lambda nn: compact(

@@ -88,7 +88,7 @@ CASES = [
          errors.ImmutableCollectionError, flax_errors.ModifyScopeVariableError,
          '"new" is immutable', core=True),
     case('mutable given as a number', lambda: lift.apply(lambda s: 0, mutable=3)({}),
-         errors.InvalidFilterError, 'Invalid filter 3', 'DenyList',
+         errors.InvalidFilterError, 'Invalid filter 3', 'the `mutable` argument', 'DenyList',
          flax_error=flax_errors.InvalidFilterError),
     # -- rngs ------------------------------------------------------------------------------
     both('make_rng of a stream that was not passed', lambda M: M.apply(

@@ -97,7 +97,15 @@ PACK = [
          errors.TransformArgumentError, "identity: keyword arguments ['x']"),
     case('pack given a number as a filter', lambda: lift.pack(
         lambda *a: None, (3,), (True,), (True,)),
-         errors.InvalidFilterError, 'Invalid filter 3 of type int'),
+         errors.InvalidFilterError, 'Invalid filter 3 of type int',
+         'in the variable filters of the lifted `pack`'),
+    case('checkpoint variables given a number', lambda: lift.checkpoint(dense, variables=3),
+         errors.InvalidFilterError, 'in the variable filters of the lifted `checkpoint`'),
+    case('jit rngs given a number', lambda: lift.jit(dense, rngs=3), errors.InvalidFilterError,
+         'in the `rngs` of jit'),
+    case('custom_vjp grad_vars given a number', lambda: lift.custom_vjp(
+        layer, forward, sign_backward, grad_vars=3), errors.InvalidFilterError,
+         'in the variable filters of the lifted `custom_vjp`'),
     case('scope_fn given fewer groups than the in filters', _custom(_drop_second),
          errors.PackProtocolError, '`custom`', 'variable_groups given to scope_fn',
          'in_variable_filters` (2)'),
@@ -317,7 +325,11 @@ CONTROL = [
         _bump, 'params'), mutable=True)({'params': {'w': jnp.ones(2)}}),
          errors.UnliftedCollectionError, '"w"', '"params"', 'mutable=True'),
     case('map_variables given a number as its collections', lambda: lift.map_variables(linear, 3),
-         errors.InvalidFilterError, 'Invalid filter 3'),
+         errors.InvalidFilterError, 'Invalid filter 3',
+         'the `mapped_collections` of map_variables'),
+    case('while_loop carry_variables given a number', _init(_loop(
+        lambda s, c: c, carry_variables=3), X), errors.InvalidFilterError,
+         'in the variable filters of the lifted `while_loop`'),
     case('shard_map given a string as its mesh', _shard_map(mesh='mesh'), errors.InvalidAxisError,
          "mesh='mesh' is not a jax.sharding.Mesh"),
     case('shard_map variable_specs holding a tuple', _shard_map(

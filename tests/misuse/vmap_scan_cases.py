@@ -79,6 +79,10 @@ VMAP = [
     case('vmap split_rngs given a string', _vmap_built(
         variable_axes={}, split_rngs={'params': 'no'}), errors.InvalidAxisError,
          "split_rngs['params'] = 'no' is not"),
+    case('vmap variable_axes keyed by a number', _vmap_built(variable_axes={3: 0}, split_rngs={}),
+         errors.InvalidFilterError, 'Invalid filter 3', 'the keys of `variable_axes` of vmap'),
+    case('vmap split_rngs keyed by a number', _vmap_built(variable_axes={}, split_rngs={3: True}),
+         errors.InvalidFilterError, 'the keys of `split_rngs` of vmap'),
     case('vmap in_axes given a name', _vmap_built(variable_axes={}, split_rngs={}, in_axes='x'),
          errors.InvalidAxisError, "in_axes='x' holds 'x'"),
     case('vmap given a negative axis_size', _vmap_built(
@@ -160,6 +164,11 @@ SCAN = [
          'variable_broadcast for collections shared'),
     case('scan in_axes holding a name', lambda: lift.scan(layer, in_axes=[0, 'x']),
          errors.InvalidAxisError, "'x'", 'lift.broadcast'),
+    case('scan variable_broadcast given a number', lambda: lift.scan(layer, variable_broadcast=3),
+         errors.InvalidFilterError, 'in the variable filters of the lifted `scan`'),
+    case('remat_scan variable_axes given a string axis', lambda: lift.remat_scan(
+        _boxed_layer, (2, 2), variable_axes={'params': 'x'}), errors.InvalidAxisError,
+         "remat_scan: variable_axes['params'] = 'x'"),
     case('scan remat given an unknown policy', lambda: lift.scan(layer, remat='sometimes'),
          errors.RematPolicyError, "remat='sometimes'"),
     case('scan given a negative length', lambda: lift.scan(layer, length=-2),
