@@ -56,12 +56,14 @@ LOOPS = [
     case('loops.scan with nothing scanned and no length', lambda: loops.scan(add)(0.0, None),
          errors.ScanAxisError, 'no scanned leaf', 'Fix: pass length=N'),
     case('loop axis given a name', lambda: loops.fold(lambda c, x: c, axis='time'),
-         errors.ScanAxisError, "axis='time' is not an int"),
+         errors.ScanAxisError, "fold: axis='time' is not an int"),
     case('loop axis in no input', lambda: loops.scan(add, axis=2)(
         jnp.zeros(3), {'a': jnp.ones((3, 2)), 'b': 1.0}), errors.ScanAxisError,
          'axis=2 exists in no leaf', 'ranks'),
     case('loops.map over a scalar only', lambda: loops.map(lambda x: x)(3.0), errors.ScanAxisError,
-         'Fix: pass length=N'),
+         'map: xs has no leaf to map over', 'call f directly'),
+    case('fold over nothing without a length', lambda: loops.fold(lambda c, x: c)(0.0, None),
+         errors.ScanAxisError, 'fold: cannot tell the number of steps', 'fold(f, length=10)'),
     case('scan_taps output tap 0', lambda: loops.scan_taps(lambda a, b: a, n_steps=2, outputs_info=[
         {'initial': jnp.zeros(2), 'taps': [-1, 0]}]), errors.ScanTapsError,
          'outputs_info[0] has taps [-1, 0]'),
