@@ -173,7 +173,7 @@ class MethodNotCallableError(InvalidMethodError):
 class InvalidInstanceModuleError(ModuleError, TypeError,
                                  flax_errors.InvalidInstanceModuleError):
   """An entry point (`init`, `apply`, `bind`, ...) was called on a Module class, or
-  `nn.apply`/`nn.init` was given something other than a Module instance."""
+  `nn.apply`, `nn.init` or `nn.as_scan` was given something other than a Module instance."""
 
   def __init__(self, entry: str, got, usage: str | None = None):
     """``usage``: for a function taking the module as an argument (`nn.apply`), a call."""

@@ -28,8 +28,9 @@ class Case:
     error: our class, exactly (a `lift.LiftError` subclass).
     fragments: what the message must contain: the argument, variable path or collection
       at fault. The runner also requires the message's ``Fix:``.
-    flax_error: Flax's class where Flax raises one for the same mistake (ours must be an
-      instance of it), else None.
+    flax_error: the class Flax raises for the same mistake (its own, or the built-in it
+      raises), else None; ours must be an instance of it, so that code catching Flax's error
+      keeps working.
     flax_mistake: the same mistake made with Flax; it must raise ``flax_error``.
     xfail: why the case fails today, for a known gap (the runner marks it strict xfail).
   """
