@@ -129,7 +129,7 @@ def check_variable_axes(transform: str, variable_axes: Any, allow_none: bool,
   allowed = 'an int or None' if allow_none else 'an int'
   unpack = lambda value: value.axis if isinstance(value, (In, Out)) else value
   for key, value in variable_axes.items():
-    validate_filter(key)
+    validate_filter(key, f'the keys of `variable_axes` of {transform}')
     if not (_is_axis(unpack(value)) or (allow_none and unpack(value) is None)):
       raise errors.InvalidAxisError(_BAD_VARIABLE_AXIS.format(
           transform=transform, key=key, value=value, allowed=allowed + ' (or In/Out of one)',
@@ -148,7 +148,7 @@ def check_split_rngs(transform: str, split_rngs: Any) -> tuple[tuple[Filter, ...
         value=split_rngs, example="{'params': True}"))
   flags = []
   for key, value in split_rngs.items():
-    validate_filter(key)
+    validate_filter(key, f'the keys of `split_rngs` of {transform}')
     # 0 and 1 are accepted as Flax accepts them (it tests the value's truth)
     if not isinstance(value, (bool, np.bool_, int, np.integer)) or value not in (0, 1):
       raise errors.InvalidAxisError(_BAD_SPLIT.format(transform=transform, key=key, value=value))

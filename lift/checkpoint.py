@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
+import numpy as np
 
 from lift import errors
 from lift.filters import Filter
@@ -30,6 +31,12 @@ _CONCRETE = (
     'checkpoint: concrete=True is not supported (JAX removed it). Fix: pass the '
     'arguments that Python control flow depends on as static_argnums.')
 _CHECKPOINT_COUNTING = '(checkpoint counts the first argument after the scope as 0.)'
+_ARRAY_STATIC = (
+    'checkpoint: the static argument {which} of {fn} is an array of shape {shape}, but static '
+    'arguments are hashable Python values that the body\'s control flow reads (sizes, '
+    'flags); an array cannot be one. checkpoint counts the first argument after the scope '
+    'as 0; a Module method counts self as 0. Fix: mark the argument the body needs concrete, '
+    'e.g. static_argnums=(1,) for fn(scope, x, n), and pass arrays as dynamic arguments.')
 
 
 def as_tuple(value: Any) -> tuple[Any, ...]:
@@ -81,6 +88,7 @@ def _checkpoint_groups(fn, static_argnums, static_argnames, prevent_cse, policy,
   check_in_range('checkpoint', 'static_argnums', static_argnums, len(args), 'after the scope')
   named = _named_positions(fn, static_argnames)
   static_argnums = tuple(sorted(set(static_argnums) | {i for i in named if i < len(args)}))
+  _check_static_values(fn, static_argnums, args)
   # jax.checkpoint has no static_argnames: static keyword arguments are closed over.
   static = {k: v for k, v in kwargs.items() if k in static_argnames}
   rematted = jax.checkpoint(
@@ -89,6 +97,17 @@ def _checkpoint_groups(fn, static_argnums, static_argnames, prevent_cse, policy,
       static_argnums=tuple(i + 2 for i in static_argnums))
   dynamic = {k: v for k, v in kwargs.items() if k not in static_argnames}
   return rematted(variable_groups, rng_groups, *args, **dynamic)
+
+
+def _check_static_values(fn: Callable[..., Any], static_argnums: tuple[int, ...], args) -> None:
+  for index in static_argnums:
+    if isinstance(args[index], (jax.Array, np.ndarray)):
+      try:
+        which = repr(list(inspect.signature(fn).parameters)[index + 1])
+      except (TypeError, ValueError, IndexError):
+        which = f'at position {index}'
+      raise errors.TransformArgumentError(_ARRAY_STATIC.format(
+          which=which, fn=getattr(fn, '__qualname__', fn), shape=np.shape(args[index])))
 
 
 def _named_positions(fn: Callable[..., Any], names: frozenset[str]) -> tuple[int, ...]:

@@ -200,16 +200,29 @@ class NameInUseError(LiftError, ValueError, flax_errors.NameInUseError):
     self.name, self.path = name, path
 
 
+class InvalidNameError(LiftError, TypeError):
+  """A child scope or variable was given a name that is not a string."""
+
+  def __init__(self, name, path):
+    super().__init__(
+        f'Scope names must be strings, got {name!r} ({type(name).__name__}) at '
+        f'"{_path_text(path)}". Fix: name children and variables with strings, e.g. '
+        f'`scope.push("layer_{name}")`, or leave the name out to get an automatic one.')
+    self.name, self.path = name, path
+
+
 class InvalidFilterError(LiftError, TypeError, flax_errors.InvalidFilterError):
   """A filter is not a bool, a string, a collection of strings or a DenyList."""
 
-  def __init__(self, filter_like):
+  def __init__(self, filter_like, where: str | None = None):
+    """``where``: the argument that holds it, e.g. "the `mutable` argument of `apply`"."""
+    held = f' (in {where})' if where else ''
     super().__init__(
-        f'Invalid filter {filter_like!r} of type {type(filter_like).__name__}. '
+        f'Invalid filter {filter_like!r} of type {type(filter_like).__name__}{held}. '
         'A filter is True (everything), False (nothing), a collection name, '
         'a list/tuple/set of names, or DenyList(filter). Fix: e.g. '
         '`["params", "batch_stats"]` or `DenyList("params")`.')
-    self.filter = filter_like
+    self.filter, self.where = filter_like, where
 
 
 class NotAScopeError(LiftError, TypeError):
@@ -319,6 +332,20 @@ class AxisSizeError(LiftError, ValueError):
   """
 
 
+class PartitionNameError(LiftError, flax_errors.PartitioningUnspecifiedError):
+  """A transform adds an axis to a `Partitioned` variable, but its ``metadata_params`` give
+  no name for the axis."""
+
+  def __init__(self, path: str, names):
+    LiftError.__init__(
+        self, 'Trying to transform a Partitioned variable but "partition_name" is not '
+        f'specified in metadata_params: variable {path} (axes {names}) gains an axis that '
+        'its box cannot name. Fix: pass the name to the transform or stack, '
+        'metadata_params={nn.PARTITION_NAME: "layers"} (nn.PARTITION_NAME is '
+        'flax.core.meta.PARTITION_NAME), or declare the variable without partitioning.')
+    self.path = path
+
+
 class InvalidAxisError(LiftError, ValueError):
   """An axis argument of a lifted transform (`variable_axes`, `in_axes`,
   `out_axes`, `split_rngs`, specs) is malformed or does not fit the values it
@@ -348,9 +375,10 @@ class PackProtocolError(LiftError, TypeError):
   filter, one entry per lifted root scope), or did not return `(y, out_groups)`."""
 
 
-class JitArgumentError(LiftError, TypeError):
+class JitArgumentError(LiftError, TypeError, ValueError):
   """A call of a lifted `jit` passes a value it cannot trace or cache: a
-  non-array argument not marked static, or an unhashable static value."""
+  non-array argument not marked static (`jax.jit` raises a TypeError), or an unhashable
+  static value (a ValueError for `jax.jit` and Flax)."""
 
 
 class RngReplayError(LiftError):

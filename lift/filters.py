@@ -60,7 +60,7 @@ def from_flax(f: Any) -> Any:
   return DenyList(from_flax(f.deny)) if isinstance(f, FlaxDenyList) else f
 
 
-def _finite(f: Filter) -> frozenset[str]:
+def _finite(f: Filter, where: str | None = None) -> frozenset[str]:
   """The set of names of a finite filter (not True, not a DenyList)."""
   if f is False:
     return frozenset()
@@ -69,11 +69,13 @@ def _finite(f: Filter) -> frozenset[str]:
   if isinstance(f, Collection) and not isinstance(f, (bool, Mapping)):
     if all(isinstance(x, str) for x in f):
       return frozenset(f)
-  raise InvalidFilterError(f)
+  raise InvalidFilterError(f, where)
 
 
-def validate_filter(f: Any) -> Filter:
+def validate_filter(f: Any, where: str | None = None) -> Filter:
   """Raises `InvalidFilterError` unless ``f`` is a filter; returns it (Flax's DenyList as ours).
+
+  ``where`` names the argument that holds ``f``, for the message.
 
   >>> validate_filter(['params'])
   ['params']
@@ -82,9 +84,9 @@ def validate_filter(f: Any) -> Filter:
   if f is True or f is False:
     return f
   if isinstance(f, DenyList):
-    validate_filter(f.deny)
+    validate_filter(f.deny, where)
     return f
-  _finite(f)
+  _finite(f, where)
   return f
 
 

@@ -67,7 +67,7 @@ def bind(variables: Mapping[str, Any], rngs: Any = None, mutable: Filter = False
     1.0
   """
   _check_variables(variables)
-  mutable = validate_filter(mutable)
+  mutable = validate_filter(mutable, 'the `mutable` argument')
   owned = {col: copy_structure(tree) if in_filter(mutable, col) else tree
            for col, tree in variables.items()}
   return Scope(owned, rngs=_normalise_rngs(rngs), mutable=mutable, flags=flags)

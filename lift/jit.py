@@ -387,8 +387,9 @@ def _config(fn, variables, rngs, static_argnums, static_argnames, donate_argnums
   for p in donate:
     if p in positions:
       raise errors.ArgnumsError(_DONATED_STATIC.format(index=p + 1))
-  return _Config(fn, _hashable_filter(validate_filter(variables)),
-                 _hashable_filter(validate_filter(rngs)), frozenset(positions),
+  variables = validate_filter(variables, 'the `variables` of jit')
+  rngs = validate_filter(rngs, 'the `rngs` of jit')
+  return _Config(fn, _hashable_filter(variables), _hashable_filter(rngs), frozenset(positions),
                  frozenset(names), tuple(donate), device, backend)
 
 

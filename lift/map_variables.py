@@ -110,7 +110,8 @@ def map_variables(fn: Callable[..., Any], mapped_collections: Filter,
     >>> variables['params']['w'].shape
     (2, 3)
   """
-  mapped_collections = validate_filter(mapped_collections)
+  mapped_collections = validate_filter(mapped_collections,
+                                       'the `mapped_collections` of map_variables')
   config = _MapConfig(mapped_collections, map_in_fn, map_out_fn, init, mutable)
   in_filters = (mapped_collections, variables)
   out_filters = (in_filters if init or mutable

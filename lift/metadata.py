@@ -16,7 +16,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import errors as flax_errors
 from flax.core import meta
+
+from lift import errors
 
 
 def _box_axis(box: meta.AxisMetadata, axis: int) -> int:
@@ -27,6 +30,25 @@ def _box_axis(box: meta.AxisMetadata, axis: int) -> int:
   return axis % np.ndim(leaves[0])
 
 
+def _map_boxes(fn, tree: Any) -> Any:
+  """``meta.map_axis_meta(fn, tree)``, naming the variable whose box cannot name its axis."""
+  def one(path, leaf):
+    if not isinstance(leaf, meta.AxisMetadata):
+      return leaf
+    try:
+      return fn(leaf)
+    except flax_errors.PartitioningUnspecifiedError:
+      names = getattr(leaf, 'names', None)
+      raise errors.PartitionNameError(_path_text(path), names) from None
+  return jax.tree_util.tree_map_with_path(
+      one, tree, is_leaf=lambda x: isinstance(x, meta.AxisMetadata))
+
+
+def _path_text(path) -> str:
+  """``collection/name/...`` (a group may hold one tree per lifted scope: indices are left out)."""
+  return '/'.join(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+
+
 def remove_axis(tree: Any, axis: int, metadata_params: Mapping[Any, Any]) -> Any:
   """Tells every box in ``tree`` that ``axis`` of its array is mapped away; arrays are unchanged.
 
@@ -35,7 +57,7 @@ def remove_axis(tree: Any, axis: int, metadata_params: Mapping[Any, Any]) -> Any
   (None,)
   """
   params = dict(metadata_params)
-  return meta.map_axis_meta(lambda box: box.remove_axis(_box_axis(box, axis), params), tree)
+  return _map_boxes(lambda box: box.remove_axis(_box_axis(box, axis), params), tree)
 
 
 def add_axis(tree: Any, axis: int, metadata_params: Mapping[Any, Any]) -> Any:
@@ -46,7 +68,7 @@ def add_axis(tree: Any, axis: int, metadata_params: Mapping[Any, Any]) -> Any:
   ('layers', None)
   """
   params = dict(metadata_params)
-  return meta.map_axis_meta(lambda box: box.add_axis(_box_axis(box, axis), params), tree)
+  return _map_boxes(lambda box: box.add_axis(_box_axis(box, axis), params), tree)
 
 
 def remove_group_axes(groups: Sequence[Any], axes: Sequence[int | None],

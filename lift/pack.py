@@ -214,8 +214,9 @@ def commit(roots: Sequence[Scope], out_groups: VariableGroups):
           root.put_variable(col, name, value)
 
 
-def _validated(filters: Sequence[Filter]) -> tuple[Filter, ...]:
-  return tuple(validate_filter(f) for f in filters)
+def _validated(filters: Sequence[Filter], kind: str, name: str | None) -> tuple[Filter, ...]:
+  where = f'the {kind} of the lifted `{name or "pack"}`'
+  return tuple(validate_filter(f, where) for f in filters)
 
 
 def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
@@ -250,8 +251,9 @@ def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
     >>> y
     Array([[3., 3.]], dtype=float32)
   """
-  spec = PackSpec(_validated(in_variable_filters), _validated(out_variable_filters),
-                  _validated(rng_filters), name)
+  spec = PackSpec(_validated(in_variable_filters, 'variable filters', name),
+                  _validated(out_variable_filters, 'variable filters', name),
+                  _validated(rng_filters, 'rng filters', name), name)
 
   @functools.wraps(fn)
   def wrapper(scope_tree, *args, **kwargs):

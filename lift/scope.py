@@ -98,7 +98,8 @@ class Scope:
                parent: 'Scope | None' = None, path: tuple[str, ...] = (),
                flags: Mapping[str, Any] | None = None,
                rng_counters: RngCounters | None = None):
-    self.name, self.parent, self.mutable = name, parent, validate_filter(mutable)
+    self.name, self.parent = name, parent
+    self.mutable = validate_filter(mutable, 'the `mutable` argument')
     self.path = tuple(path)
     self.rngs = {k: as_stream(v) for k, v in (rngs or {}).items()}
     self.flags = dict(flags or {})
@@ -215,7 +216,7 @@ class Scope:
   def reserve(self, name: str, col: str | None = None):
     """Claims ``name`` for a child (``col=None``) or a variable of ``col``."""
     if not isinstance(name, str):
-      raise TypeError(f'Scope names must be strings, got {name!r} at "{self.path_text}".')
+      raise errors.InvalidNameError(name, self.path_text)
     if self.name_reserved(name, col):
       raise errors.NameInUseError(name, self.path_text, col)
     self.reservations[name].add(col)

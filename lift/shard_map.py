@@ -61,7 +61,7 @@ def _check_specs(variable_specs: Any) -> tuple[tuple[Filter, ...], tuple[Partiti
   if not isinstance(variable_specs, Mapping):
     raise errors.InvalidAxisError(_BAD_SPECS.format(value=variable_specs))
   for key, spec in variable_specs.items():
-    validate_filter(key)
+    validate_filter(key, 'the keys of `variable_specs` of shard_map')
     if not isinstance(spec, PartitionSpec):
       raise errors.InvalidAxisError(_BAD_SPEC.format(key=key, value=spec))
   return tuple(variable_specs), tuple(variable_specs.values())
@@ -82,7 +82,7 @@ def _check_split_rngs(split_rngs: Any, manual: Sequence[str]):
   if not isinstance(split_rngs, Mapping):
     raise errors.InvalidAxisError(_BAD_SPLIT_RNGS.format(value=split_rngs))
   for key in split_rngs:
-    validate_filter(key)
+    validate_filter(key, 'the keys of `split_rngs` of shard_map')
   axes = tuple(_split_axes(k, v, manual) for k, v in split_rngs.items())
   return tuple(split_rngs), axes
 

@@ -199,9 +199,16 @@ class MethodNotCallableError(InvalidMethodError):
 
 class InvalidInstanceModuleError(ModuleError, TypeError,
                                  flax_errors.InvalidInstanceModuleError):
-  """An entry point (`init`, `apply`, `bind`, ...) was called on a Module class."""
+  """An entry point (`init`, `apply`, `bind`, ...) was called on a Module class, or
+  `nn.apply`, `nn.init` or `nn.as_scan` was given something other than a Module instance."""
 
-  def __init__(self, entry: str, got):
+  def __init__(self, entry: str, got, usage: str | None = None):
+    """``usage``: for a function taking the module as an argument (`nn.apply`), a call."""
+    if usage is not None:
+      super().__init__(
+          f'`{entry}` got {type(got).__name__} {short_str(got)} as its module, not a Module '
+          f'instance. Fix: pass an instance, e.g. `{usage}`.')
+      return
     super().__init__(
         f'`{entry}` got {type(got).__name__} as `self`: it was called on a Module '
         f'class (`MyModule.{entry}(...)`), not on an instance. Fix: instantiate the '
@@ -217,6 +224,18 @@ class IncorrectPostInitOverrideError(ModuleError, TypeError,
         f'`{cls_name}.__post_init__` does not call `super().__post_init__()`, so the '
         'module was never set up (no scope, name or state). Fix: call '
         '`super().__post_init__()` in it.')
+
+
+class UnboundAttributeError(ModuleError, AttributeError):
+  """An attribute missing from an unbound module was read (one that `setup` defines only
+  exists inside `init`/`apply`)."""
+
+  def __init__(self, cls_name: str, name: str):
+    super().__init__(
+        f'"{cls_name}" object has no attribute "{name}". If "{name}" is defined in `setup`, '
+        'it only exists inside `init`/`apply` (or on a module returned by `bind`). Fix: read '
+        f'it in a method run by `init`/`apply`, or on the bound module: '
+        f'`module.bind(variables).{name}`.')
 
 
 class DescriptorAttributeError(ModuleError, AttributeError,
@@ -244,14 +263,23 @@ class MissingPerturbationError(ModuleError, ValueError):
 
 
 class TransformTargetError(ModuleError, TypeError, flax_errors.TransformTargetError):
-  """A lifted transform was given a Module instance (or other non-class, non-function)."""
+  """A lifted transform was given a Module instance, a class that is not a Module of this
+  package (a `flax.linen` class), or something else that is neither a class nor a function."""
 
   def __init__(self, transform: str, target):
+    is_class = isinstance(target, type)
+    kind = type(target) if not is_class else target
+    what = (f'the class {kind.__module__}.{kind.__name__}' if is_class
+            else f'{type(target).__name__} instance {one_line(target)}')
+    flax_fix = ''
+    if kind.__module__.startswith('flax.'):  # ours transform this package's modules only
+      flax_fix = (' For a flax.linen layer, transform this package\'s layer of that name '
+                  '(`nn.Dense`, ...) or a module of yours that calls `nn.from_flax(layer)`.')
     super().__init__(
-        f'`nn.{transform}` was given {type(target).__name__} instance {one_line(target)}; '
-        'it transforms a Module class or a method. Fix: transform the class '
+        f'`nn.{transform}` was given {what}; it transforms a Module class of this package '
+        'or a method. Fix: transform the class '
         f'and instantiate the result, `nn.{transform}(MyModule, ...)(...)`, or '
-        f'decorate the method with `@nn.{transform}(...)`.')
+        f'decorate the method with `@nn.{transform}(...)`.{flax_fix}')
 
 
 class NotAModuleError(ModuleError, TypeError):
@@ -345,14 +373,14 @@ class NonScalarOutputError(ModuleError, TypeError):
 
 
 class UnhashableModuleError(ModuleError, TypeError):
-  """`nn.jit` on a module whose fields cannot be hashed."""
+  """A module cannot be hashed: `hash` of a bound module (it holds variables), or `nn.jit`
+  on a module with a field that cannot be hashed. The raise site writes the message."""
 
-  def __init__(self, path: str, error: Exception):
-    super().__init__(
-        f'`nn.jit` caches compilations by the configuration of the module, but '
-        f'the field `{path}` is not hashable ({error}). Fix: give it a hashable '
-        'value, a container or dataclass of such, or a numpy array; pass jax '
-        'arrays as call arguments or create them as variables.')
+
+class LayerArgumentError(ModuleError, ValueError, TypeError):
+  """A ready-made layer got a configuration or input it cannot use (an empty `Sequential`,
+  an `RNN` of a module that is not a cell, `SpectralNorm` of a tensor with
+  ``error_on_non_matrix``); the message says which and the fix."""
 
 
 class LayerStackError(ModuleError, ValueError):

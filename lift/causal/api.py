@@ -15,20 +15,23 @@ from lift.errors import ScanConversionError
 
 INPUT_SHAPES = (
     "as_scan scans every leaf of example_xs along axis 0, so every leaf needs "
-    "the same positive length there; got shapes {shapes}."
+    "the same positive length there; got shapes {shapes}. Fix: pass example_xs whose "
+    "leaves share one positive length along axis 0 (the time steps)."
 )
 PREFILL_SHAPES = (
     "prefill must have example_xs's tree structure, each leaf of shape "
     "[P, *frame] with the frame and dtype of example_xs and the same P <= "
-    "{length} for all leaves; got {got} for example_xs {want}."
+    "{length} for all leaves; got {got} for example_xs {want}. Fix: pass the first P "
+    "steps of the input, e.g. prefill=example_xs[:P] (for a tree, every leaf sliced alike)."
 )
 OUTPUT_SHAPE = (
     "output {index} of the function has shape {shape}; as_scan needs every "
-    "output leaf to have length {length} (the input length) along axis 0."
+    "output leaf to have length {length} (the input length) along axis 0. Fix: return one "
+    "output step per input step, along axis 0."
 )
 OUTPUT_AXIS = (
     "output {index} of the function varies along axis {axis}, not axis 0; "
-    "lax.scan stacks step outputs along axis 0. Move the time axis to the "
+    "lax.scan stacks step outputs along axis 0. Fix: move the time axis to the "
     "front (jnp.moveaxis(y, {axis}, 0)) before returning."
 )
 
@@ -156,7 +159,7 @@ def _check_output_shapes(shapes, length: int) -> None:
 def _check_output_infos(program: Program) -> None:
   for index, info in enumerate(program.out_infos):
     if isinstance(info, NotCausal):
-      raise ScanConversionError(info.message)
+      raise ScanConversionError(f'{info.message}\n  {interpreter.FIX}')
     if isinstance(info, Stream) and info.axis != 0:
       raise ScanConversionError(OUTPUT_AXIS.format(index=index, axis=info.axis))
 

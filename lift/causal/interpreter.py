@@ -28,20 +28,24 @@ from lift import _compat
 from lift.causal import frames
 from lift.errors import ScanConversionError
 
+FIX = (
+    "Fix: make the function causal along the scan axis (e.g. pad a convolution on the left "
+    "only, mask later steps out of an attention), or give a causal composite its step form "
+    "with @lift.custom_causal.")
 NO_RULE = (
     "as_scan has no rule for primitive `{name}` (at {where}), and its "
-    "operands ({operands}) vary along time. If `{name}` is causal "
+    "operands ({operands}) vary along time. Fix: if `{name}` is causal "
     "along that axis, register a rule with "
     "lift.register_scan_rule({name}_p, rule); if it is part of a causal "
     "composite, wrap the composite with @lift.custom_causal."
 )
 CANNOT_CONVERT = (
-    "as_scan cannot convert `{name}` at {where}: {why}\n  operands: {operands}"
+    "as_scan cannot convert `{name}` at {where}: {why}\n  operands: {operands}\n  " + FIX
 )
-NOT_CAUSAL_USE = "{message}\n  (used by `{name}` at {where})"
+NOT_CAUSAL_USE = "{message}\n  (used by `{name}` at {where})\n  " + FIX
 BAD_RULE = (
     "the as_scan rule for `{name}` returned {got} results; the primitive has "
-    "{want}. A rule returns one entry of StepForm.outs per result."
+    "{want}. Fix: return one entry of StepForm.outs per result."
 )
 AHEAD = (
     "as_scan cannot convert `{name}` at {where}: element t of its result "
@@ -304,7 +308,7 @@ def _align_outputs(out_infos, out_offsets):
       if info.offset < want:
         raise ScanConversionError(AHEAD.format(
             name="the function", where=f"output {i}",
-            ahead=want - info.offset))
+            ahead=want - info.offset) + " " + FIX)
       delay, info = info.offset - want, Stream(info.axis, want)
     aligned.append(info)
     delays.append(delay)

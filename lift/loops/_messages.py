@@ -63,21 +63,31 @@ LENGTH_MISMATCH = (
     "(leaf {path}). Fix: drop length= or pass length={size}.")
 
 NO_LENGTH = (
-    "scan: cannot tell the number of steps: xs has no scanned leaf and length= "
-    "was not given. Fix: pass length=N, e.g. scan(f, length=10)(init, None).")
+    "{name}: cannot tell the number of steps: xs has no scanned leaf and length= "
+    "was not given. Fix: pass length=N, e.g. {name}(f, length=10)(init, None).")
+
+RUN_NO_LENGTH = (
+    "run_scan: cannot tell the number of steps: xs has no scanned leaf and length= "
+    "was not given. Fix: pass length=N, e.g. run_scan(f, init, None, length=10).")
+
+MAP_NOTHING = (
+    "map: xs has no leaf to map over: no array has an axis {axis} (leaf ranks: {ranks}). "
+    "Fix: pass the values stacked along axis {axis}, or call f directly on a single value.")
 
 AXIS_TYPE = (
-    "scan: axis={axis!r} is not an int. Fix: pass the position of the scanned "
+    "{name}: axis={axis!r} is not an int. Fix: pass the position of the scanned "
     "axis, e.g. axis=0 or axis=-1.")
 
 AXIS_ABSENT = (
-    "scan: axis={axis} exists in no leaf of xs (leaf ranks: {ranks}). A leaf is "
+    "{name}: axis={axis} exists in no leaf of xs (leaf ranks: {ranks}). A leaf is "
     "scanned only if it is an array with -ndim <= axis < ndim; the others are "
     "passed whole to every step, so nothing is left to scan. Fix: pass an axis "
     "that the arrays have, or length=N to loop over unscanned inputs.")
 
 TAPS_SPEC = (
-    "scan_taps: {where}={value!r} is not valid: expected {expected}.")
+    "scan_taps: {where}={value!r} is not valid: expected {expected}. Fix: see "
+    "lift.loops.scan_taps: a sequence is an array or {{'input': x, 'taps': [-1, 0]}}, an "
+    "output None, an initial value or {{'initial': x0, 'taps': [-2, -1]}}.")
 
 TAPS_OUTPUT_NOT_PAST = (
     "scan_taps: outputs_info[{index}] has taps {taps}; an output can only be "

@@ -58,22 +58,25 @@ def merge_axis(split: AxisSplit, slices: list[Any]) -> Any:
   return jax.tree.unflatten(split.treedef, leaves)
 
 
-def _check_axis(axis: Any) -> int:
+def _check_axis(axis: Any, name: str) -> int:
   if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
-    raise ScanAxisError(_messages.AXIS_TYPE.format(axis=axis))
+    raise ScanAxisError(_messages.AXIS_TYPE.format(axis=axis, name=name))
   return int(axis)
 
 
-def _check_split(split: AxisSplit, axis: int, length: int | None) -> None:
+def _check_split(split: AxisSplit, axis: int, length: int | None, name: str) -> None:
+  """``name``: the function called (`scan`, `fold` or `map`, which takes no ``length``)."""
   if split.scanned or length is not None:
     return
   # Nothing is scanned, so the unscanned leaves are all the leaves of xs.
   ranks = jax.tree.unflatten(split.treedef, [
       np.ndim(leaf) if isinstance(leaf, (jax.Array, np.ndarray)) else "static"
       for leaf in split.unscanned])
+  if name == 'map':
+    raise ScanAxisError(_messages.MAP_NOTHING.format(axis=axis, ranks=ranks))
   if any(isinstance(leaf, (jax.Array, np.ndarray)) for leaf in split.unscanned):
-    raise ScanAxisError(_messages.AXIS_ABSENT.format(axis=axis, ranks=ranks))
-  raise ScanAxisError(_messages.NO_LENGTH)
+    raise ScanAxisError(_messages.AXIS_ABSENT.format(axis=axis, ranks=ranks, name=name))
+  raise ScanAxisError(_messages.NO_LENGTH.format(name=name))
 
 
 def _stack_at(ys: Any, axis: int) -> Any:
@@ -99,12 +102,19 @@ def scan(f: Callable[[Any, Any], tuple[Any, Any]], axis: int = 0, *,
     >>> carry.tolist(), ys.shape
     ([3.0, 3.0], (2, 3))
   """
-  axis = _check_axis(axis)
+  return _scan(f, axis, 'scan', remat=remat, reverse=reverse, unroll=unroll, length=length)
+
+
+def _scan(f: Callable[[Any, Any], tuple[Any, Any]], axis: int, name: str, *, remat: Remat = False,
+          reverse: bool = False, unroll: int | bool = 1,
+          length: int | None = None) -> Callable[[Any, Any], tuple[Any, Any]]:
+  """`scan`, its messages naming ``name`` (the function the user called)."""
+  axis = _check_axis(axis, name)
   resolve_remat(remat)
 
   def scanned(init: Any, xs: Any) -> tuple[Any, Any]:
     split = split_axis(xs, axis)
-    _check_split(split, axis, length)
+    _check_split(split, axis, length, name)
 
     def body(carry, slices):
       return f(carry, merge_axis(split, slices))
@@ -130,7 +140,7 @@ def fold(f: Callable[[Any, Any], Any], axis: int = 0, *, remat: Remat = False,
     24.0
   """
   step = lambda carry, x: (f(carry, x), None)
-  run = scan(step, axis, remat=remat, reverse=reverse, unroll=unroll, length=length)
+  run = _scan(step, axis, 'fold', remat=remat, reverse=reverse, unroll=unroll, length=length)
   return lambda init, xs: run(init, xs)[0]
 
 
@@ -144,5 +154,5 @@ def map(f: Callable[[Any], Any], axis: int = 0) -> Callable[[Any], Any]:  # noqa
     >>> map(lambda x: x.sum(), axis=1)(jnp.ones((2, 3))).tolist()
     [2.0, 2.0, 2.0]
   """
-  run = scan(lambda carry, x: (carry, f(x)), axis)
+  run = _scan(lambda carry, x: (carry, f(x)), axis, 'map')
   return lambda xs: run(None, xs)[1]

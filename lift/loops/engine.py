@@ -43,7 +43,7 @@ def scan_length(xs: Any, length: int | None = None) -> int:
     raise ScanLengthError(_messages.XS_LENGTHS.format(sizes=detail))
   if not sizes:
     if length is None:
-      raise ScanLengthError(_messages.NO_LENGTH)
+      raise ScanLengthError(_messages.RUN_NO_LENGTH)
     return int(length)
   label, size = next(iter(sizes.items()))
   if length is not None and length != size:

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from linen_ext import errors
 from linen_ext.layers.flax_adapter import run_flax
 from linen_ext.module.method_wrapping import compact, nowrap
 from linen_ext.module.core import Module
@@ -403,8 +404,9 @@ class Sequential(Module):
   def __call__(self, *args, **kwargs):
     if not self.layers:
       assert self.scope is not None  # a compact method runs bound
-      raise ValueError(f'Empty Sequential module at "{self.scope.path_text}": it has no '
-                       'layers to apply. Fix: pass at least one, e.g. `Sequential([Dense(4)])`.')
+      raise errors.LayerArgumentError(
+          f'Empty Sequential module at "{self.scope.path_text}": it has no layers to apply. '
+          'Fix: pass at least one, e.g. `Sequential([Dense(4)])`.')
     outputs = self.layers[0](*args, **kwargs)
     for layer in self.layers[1:]:
       if isinstance(outputs, tuple):

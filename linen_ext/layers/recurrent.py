@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax.core import FrozenDict
 
+from linen_ext import errors
 from linen_ext.module.method_wrapping import nowrap
 from linen_ext.module.core import Module
 from linen_ext.transforms.module_transforms import scan
@@ -124,9 +125,10 @@ class RNN(Module):
     reverse, keep_order = pick(reverse, self.reverse), pick(keep_order, self.keep_order)
     features = getattr(self.cell, 'num_feature_axes', None)
     if not isinstance(features, int):
-      raise TypeError(f'RNN: the cell {type(self.cell).__name__} is not a recurrent cell (it '
-                      'has no num_feature_axes). Fix: pass a cell such as nn.LSTMCell(n), or '
-                      'subclass nn.RNNCellBase with __call__(carry, x) -> (carry, y).')
+      raise errors.LayerArgumentError(
+          f'RNN: the cell {type(self.cell).__name__} is not a recurrent cell (it '
+          'has no num_feature_axes). Fix: pass a cell such as nn.LSTMCell(n), or '
+          'subclass nn.RNNCellBase with __call__(carry, x) -> (carry, y).')
     time_axis = 0 if time_major else inputs.ndim - features - 1
     batch_dims = time_axis if not time_major else inputs.ndim - features - 1
     flip = lambda xs: jax.tree.map(

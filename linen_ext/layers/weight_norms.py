@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax.linen import dtypes
 
+from linen_ext import errors
 from linen_ext.module.method_wrapping import compact
 from linen_ext.module.core import Module
 from linen_ext.transforms.module_transforms import map_variables
@@ -131,9 +132,10 @@ class SpectralNorm(Module):
     if value.ndim <= 1 or self.n_steps < 1:
       return value
     if value.ndim > 2 and self.error_on_non_matrix:
-      raise ValueError(f'Input is {value.ndim}D but error_on_non_matrix is True: SpectralNorm '
-                       f'parameter "{path}" is not a matrix. Fix: set '
-                       'error_on_non_matrix=False to flatten its leading axes.')
+      raise errors.LayerArgumentError(
+          f'Input is {value.ndim}D but error_on_non_matrix is True: SpectralNorm '
+          f'parameter "{path}" is not a matrix. Fix: set '
+          'error_on_non_matrix=False to flatten its leading axes.')
     matrix = value.reshape(-1, value.shape[-1])
     u_name = f'{path}/u'
     key = None if self.has_variable(self.collection_name, u_name) else self.make_rng('params')

@@ -343,11 +343,9 @@ class Module(VariablesMixin, EntryMixin, _DataclassBase):
     self._try_setup()
     if name in self.__dict__:
       return self.__dict__[name]
-    hint = ''
     if self.scope is None:
-      hint = (f' If "{name}" is defined in `setup`, it only exists inside '
-              '`init`/`apply` (or on a module returned by `bind`).')
-    raise AttributeError(f'"{type(self).__name__}" object has no attribute "{name}".{hint}')
+      raise errors.UnboundAttributeError(type(self).__name__, name)
+    raise AttributeError(f'"{type(self).__name__}" object has no attribute "{name}".')
 
   def __repr__(self) -> str:
     return module_repr(self, _children)
@@ -460,9 +458,10 @@ def _unbound_only_hash(hash_fn: Callable[[Any], int]) -> Callable[[Any], int]:
   @functools.wraps(hash_fn)
   def __hash__(self) -> int:
     if self.__dict__.get('scope') is not None:
-      raise TypeError("Can't call __hash__ on modules that hold variables: "
-                      f'{type(self).__name__} is bound. Fix: hash an unbound copy, '
-                      'e.g. module.clone(parent=None).')
+      raise errors.UnhashableModuleError(
+          "Can't call __hash__ on modules that hold variables: "
+          f'{type(self).__name__} is bound. Fix: hash an unbound copy, '
+          'e.g. module.clone(parent=None).')
     return hash_fn(self)
   return __hash__
 

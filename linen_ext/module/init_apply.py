@@ -55,9 +55,9 @@ def _class_attribute(cls: type, name: str) -> Any:
   return None
 
 
-def _check_instance(module: Any, entry: str):
+def _check_instance(module: Any, entry: str, usage: str | None = None):
   if not isinstance(module, EntryMixin):  # e.g. `Model.init(key, x)`: the key became `self`
-    raise errors.InvalidInstanceModuleError(entry, module)
+    raise errors.InvalidInstanceModuleError(entry, module, usage)
   if '_id' not in module.__dict__:  # Module.__post_init__ never ran
     raise errors.IncorrectPostInitOverrideError(type(module).__name__)
 
@@ -140,6 +140,7 @@ def apply(fn: Callable[..., Any], module: Any, mutable: Filter = False,
     >>> nn.apply(lambda m, x: m.encoder(x), AutoEncoder())(variables, x).shape
     (1, 2)
   """
+  _check_instance(module, 'nn.apply', 'nn.apply(fn, MyModule(...))')
   capture, mutable = _capture_filter(capture_intermediates, mutable)
   return lift.apply(_scope_fn(module, fn, capture), mutable=mutable)
 
@@ -163,6 +164,7 @@ def init_with_output(fn: Callable[..., Any], module: Any,
     >>> z.shape, list(variables['params'])
     ((1, 2), ['encoder'])
   """
+  _check_instance(module, 'nn.init_with_output', 'nn.init_with_output(fn, MyModule(...))')
   capture, mutable = _capture_filter(capture_intermediates, mutable)
   return lift.init(_scope_fn(module, fn, capture), mutable=mutable)
 
@@ -185,6 +187,7 @@ def init(fn: Callable[..., Any], module: Any, mutable: Filter = DenyList('interm
     >>> list(variables['params'])   # only what fn reached
     ['encoder']
   """
+  _check_instance(module, 'nn.init', 'nn.init(fn, MyModule(...))')
   init_fn = init_with_output(fn, module, mutable, capture_intermediates)
 
   @functools.wraps(init_fn)

@@ -45,6 +45,9 @@ _BAD_BLOCK = (
 _BAD_LENGTH = (
     '{stack}: length={value!r} is not a positive int. Fix: the number of '
     'layers, e.g. {stack}(Block, 4).')
+_BAD_MAPPING = (
+    '{stack}: {field}={value!r} is not a dict. Fix: e.g. '
+    'metadata_params={{nn.PARTITION_NAME: "layers"}}, block_kwargs={{"features": 8}}.')
 _BAD_BLOCKS = (
     'BlockSeq: {detail}. Fix: BlockSeq(Block, 4) for 4 layers of one class, or '
     'BlockSeq([Block(), Other()]) for a list of modules (made in setup, or '
@@ -57,8 +60,10 @@ _BAD_STEP = (
 Remat = Any  # anything lift.loops.resolve_remat accepts
 
 
-def _frozen(value: Mapping[Any, Any]) -> FrozenDict:
+def _frozen(stack: str, field: str, value: Mapping[Any, Any]) -> FrozenDict:
   # Hashable, so that a stack inside nn.jit can be part of the cache key.
+  if not isinstance(value, Mapping):
+    raise errors.LayerStackError(_BAD_MAPPING.format(stack=stack, field=field, value=value))
   return value if isinstance(value, FrozenDict) else FrozenDict(dict(value))
 
 
@@ -214,8 +219,9 @@ class Stacked(_LayerStack):
       raise errors.LayerStackError(_BAD_BLOCK.format(stack='Stacked',
                                                      value=one_line(self.block_cls)))
     check_remat(self.remat, _check_length('Stacked', self.length))
-    object.__setattr__(self, 'metadata_params', _frozen(self.metadata_params))
-    object.__setattr__(self, 'block_kwargs', _frozen(self.block_kwargs))
+    object.__setattr__(self, 'metadata_params',
+                       _frozen('Stacked', 'metadata_params', self.metadata_params))
+    object.__setattr__(self, 'block_kwargs', _frozen('Stacked', 'block_kwargs', self.block_kwargs))
     super().__post_init__()
 
   def vmap(self, x: Any, *args, **kwargs) -> Any:
@@ -325,7 +331,7 @@ class BlockSeq(_LayerStack):
   def __post_init__(self):
     self._check_layers()
     check_remat(self.remat, self.num_layers)
-    object.__setattr__(self, 'block_kwargs', _frozen(self.block_kwargs))
+    object.__setattr__(self, 'block_kwargs', _frozen('BlockSeq', 'block_kwargs', self.block_kwargs))
     super().__post_init__()
 
   def _check_layers(self):

@@ -17,6 +17,9 @@ import lift
 from lift.causal import ScanCarry
 from linen_ext import errors
 
+from linen_ext import errors
+from linen_ext.module.core import Module
+
 
 def _time_first(module: Any, variables: Any, method: Any, time_axis: int,
                 apply_kwargs: dict) -> Callable[[Any], Any]:
@@ -90,6 +93,9 @@ def as_scan(module: Any, variables: Any, example_xs: Any, *, method: Any = None,
     >>> bool(jnp.allclose(y, model.apply(variables, xs)[:, 0]))
     True
   """
+  if not isinstance(module, Module):
+    raise errors.InvalidInstanceModuleError(
+        'nn.as_scan', module, 'nn.as_scan(MyModule(...), variables, example_xs)')
   g = _time_first(module, variables, method, time_axis, apply_kwargs)
   example = _time_first_example(example_xs, time_axis)
   reading = (module, variables, method, apply_kwargs)

@@ -282,7 +282,11 @@ def _fingerprint(value: Any, seen: dict[int, int], path: str) -> Any:
   try:
     hash(value)
   except TypeError as error:
-    raise errors.UnhashableModuleError(path, error) from None
+    raise errors.UnhashableModuleError(
+        f'`nn.jit` caches compilations by the configuration of the module, but the field '
+        f'`{path}` is not hashable ({error}). Fix: give it a hashable value, a container or '
+        'dataclass of such, or a numpy array; pass jax arrays as call arguments or create '
+        'them as variables.') from None
   return value
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar, cast
 
@@ -28,6 +29,7 @@ from linen_ext import errors
 from linen_ext.transforms.lifting import (Build, cached_lifted, call_lifted, forked_rngs,
                                is_module_class, mark_wrapped, positional_parameters)
 from linen_ext.module.core import Module, fn_name, wrap_method
+from linen_ext.module.foreign import FOREIGN_MODULES
 
 Target = TypeVar('Target')
 
@@ -133,7 +135,9 @@ def _cached_class(spec: TransformSpec, target: Any, methods: Any, options: dict)
 def apply_spec(spec: TransformSpec, target: Target, options: dict,
                methods: Any = None) -> Target:
   """Applies ``spec`` to a Module class (a new class) or a method (a decorated method)."""
-  if isinstance(target, Module) or not callable(target):
+  foreign = isinstance(target, tuple(FOREIGN_MODULES))  # a flax.linen module instance
+  if isinstance(target, Module) or foreign or not callable(target) or (
+      inspect.isclass(target) and not is_module_class(target)):  # e.g. a flax.linen class
     raise errors.TransformTargetError(spec.name, target)
   if is_module_class(target):
     return _cached_class(spec, target, methods, options)

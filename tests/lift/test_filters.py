@@ -1,6 +1,5 @@
 """Filter algebra: every operation agrees with the set it denotes."""
 import itertools
-import re
 
 import flax.core
 import jax
@@ -9,7 +8,6 @@ import pytest
 
 import lift
 from lift import errors
-from lift.errors import InvalidFilterError
 from lift.filters import DenyList, validate_filter
 
 from tests.helpers import assert_trees_equal, check_linen_parity
@@ -97,14 +95,6 @@ def test_denylist_equality_and_hash():
   assert hash(DenyList('a')) == hash(DenyList(['a']))
 
 
-@pytest.mark.parametrize('bad', [3, None, ['a', 1], {'a': 1}])
-def test_invalid_filter_names_the_value(bad):
-  with pytest.raises(InvalidFilterError, match=re.escape(f'Invalid filter {bad!r}')):
-    validate_filter(bad)
-  with pytest.raises(InvalidFilterError):
-    lift.in_filter(bad, 'params')
-
-
 # -- Flax's DenyList: accepted everywhere ours is, converted at the boundary ------------------
 
 FLAX_FILTERS = [flax.core.DenyList('a'), flax.core.DenyList(['a', 'b']), flax.core.DenyList(True),
@@ -129,12 +119,9 @@ def test_flax_denylist_in_the_algebra_gives_our_filters(a, b):
       assert not isinstance(result, flax.core.DenyList)
 
 
-def test_flax_denylist_converts_to_ours_at_any_depth_and_bad_denylists_fail_at_construction():
+def test_flax_denylist_converts_to_ours_at_any_depth():  # bad ones: tests/misuse/
   assert DenyList(flax.core.DenyList('a')) == DenyList(DenyList('a'))
   assert validate_filter(flax.core.DenyList(flax.core.DenyList(['a']))) == DenyList(DenyList('a'))
-  for make in (lambda: validate_filter(flax.core.DenyList(3)), lambda: DenyList(3)):
-    with pytest.raises(InvalidFilterError, match='Invalid filter 3'):
-      make()
 
 
 def _stateful(scope):

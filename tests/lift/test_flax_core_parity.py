@@ -336,8 +336,6 @@ def test_checkpoint_static_argnums_policy_concrete_and_gradients():
   check(lambda L: L.checkpoint(_stack, static_argnums=1, prevent_cse=False, concrete=False,
                                policy=jax.checkpoint_policies.everything_saveable),
         lambda M, fn: M.init(fn)(RNGS, X, 2, None))
-  with pytest.raises(errors.TransformArgumentError, match='static_argnums'):
-    lift.checkpoint(_stack, concrete=True)
 
 
 def test_checkpoint_on_two_children_with_dropout_and_stats():

@@ -190,56 +190,6 @@ def test_counter_survives_and_immutable_counter_is_rejected(transform):
     lift.apply(fn)({'counter': {'count': jnp.int32(4)}}, X)
 
 
-BUILT_WRONG = [(dict(static_argnums='x'), 'static_argnums'), (dict(static_argnums=-1), 'static_argnums'),
-               (dict(donate_argnums=1.0), 'donate_argnums'), (dict(static_argnames=3), 'static_argnames'),
-               (dict(static_argnums=2, donate_argnums=2), 'argument 2 is in both'),
-               (dict(static_argnames='features', donate_argnums=2), 'argument 2 is in both')]
-
-
-@pytest.mark.parametrize('kwargs, match', BUILT_WRONG)
-def test_bad_argnums_rejected_when_built(kwargs, match):
-  with pytest.raises(errors.ArgnumsError, match=match):
-    lift.jit(dense, **kwargs)
-
-
-CALLED_WRONG = {
-    'donating a missing argument': (lambda: lift.init(lift.jit(dense, donate_argnums=3))(RNGS, X, 2),
-                                    errors.ArgnumsError, 'donate_argnums names argument 3'),
-    'non-array positional not static': (
-        lambda: lift.init(lift.jit(lambda scope, x, name: x))(RNGS, X, 'relu'),
-        errors.JitArgumentError, r'positional arguments\[1\].*static_argnums'),
-    'non-array keyword not static': (
-        lambda: lift.init(lift.jit(lambda scope, x, *, name: x))(RNGS, X, name='relu'),
-        errors.JitArgumentError, r"keyword arguments\['name'\].*static_argnames"),
-    'unhashable static argument': (
-        lambda: lift.init(lift.jit(lambda scope, x, sizes: x, static_argnums=2))(RNGS, X, [1, 2]),
-        errors.JitArgumentError, "static argument 'sizes' of .* not hashable"),
-    'array static argument': (  # 0 is the scope: 1 is x
-        lambda: lift.init(lift.jit(dense, static_argnums=1))(RNGS, X, 2),
-        errors.JitArgumentError, "static argument 'x' of dense is Array"),
-}
-
-
-@pytest.mark.parametrize('call, error, match', list(CALLED_WRONG.values()), ids=list(CALLED_WRONG))
-def test_bad_arguments_rejected_when_called(call, error, match):
-  with pytest.raises(error, match=match):
-    call()
-
-
-def test_draws_that_change_between_traces_are_rejected():
-  calls = []
-  def moody(scope, x):
-    calls.append(1)
-    for _ in range(len(calls)):  # draws once in the first trace, twice in the second
-      x = x + jax.random.normal(scope.make_rng('dropout'))
-    return x
-  jitted = lift.jit(moody)
-  lift.init(jitted)(RNGS, X)
-  jax.clear_caches()  # JAX traces the same structure again, and now it draws twice
-  with pytest.raises(errors.RngReplayError, match='draw 1 was no draw'):
-    lift.init(jitted)(RNGS, X)
-
-
 def test_compiled_function_traced_outside_a_call_is_rejected():
   jit_module = sys.modules['lift.jit']
   with pytest.raises(errors.LiftError, match='traced outside a call'):

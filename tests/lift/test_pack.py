@@ -4,11 +4,8 @@ import inspect
 import flax.core
 import jax
 import jax.numpy as jnp
-import pytest
 
 import lift
-import linen_ext
-from lift import errors
 from lift.pack import PackSpec, commit, dedup_scopes, filter_groups, reconstruct, repack
 
 from tests.helpers import assert_trees_equal, counter, dense
@@ -114,91 +111,3 @@ def test_rngs_continue_counters_through_pack():
     return [jax.random.key_data(first), jax.random.key_data(scope.make_rng('params'))]
   assert_trees_equal(lift.apply(twice)({}, passthrough, rngs=jax.random.key(7)),
                      lift.apply(twice)({}, lambda f: f, rngs=jax.random.key(7)))
-
-
-def test_scope_and_variable_captured_inside_are_invalid_after_return():
-  captured = {}
-  def grab(scope):
-    captured['scope'] = scope.push('inner')
-    captured['var'] = scope.variable('state', 'x', lambda: 1)
-  lift.apply(lambda s: passthrough(grab)(s.push('outer')), mutable=True)({})
-  with pytest.raises(errors.InvalidScopeError, match=r'"identity\(/outer/inner\)" is no longer valid'):
-    captured['scope'].get_variable('state', 'x')
-  with pytest.raises(errors.InvalidScopeError, match=r'"identity\(/outer\)" is no longer valid'):
-    captured['var'].value
-
-
-# -- misuse: each error names the transform and what is at fault -------------------------------
-
-def _stats(scope):
-  scope.variable('batch_stats', 'mean', jnp.zeros, ())
-
-
-def _unmapped(in_filters):
-  lifted = passthrough(_stats, in_filters=in_filters, out_filters=('params',), name='my_transform')
-  return lambda: lift.init(lambda s: lifted(s.push('layer')))(KEY)
-
-
-def _drop_second(scope_fn, repack_fn, variable_groups, rng_groups, x):
-  scope = scope_fn(variable_groups[:1], rng_groups)  # 'rest' would be lost
-  return dense(scope, x, 2), repack_fn(scope)
-
-
-def _only_y(scope_fn, repack_fn, variable_groups, rng_groups, x):
-  return dense(scope_fn(variable_groups, rng_groups), x, 2)
-
-
-def _extra_group(scope_fn, repack_fn, variable_groups, rng_groups, x):
-  scope = scope_fn(variable_groups, rng_groups)
-  return dense(scope, x, 2), repack_fn(scope) + (({},),)
-
-
-def _repack_twice(scope_fn, repack_fn, variable_groups, rng_groups, x):
-  scope = scope_fn(variable_groups, rng_groups)
-  y = dense(scope, x, 2)
-  repack_fn(scope)
-  return y, repack_fn(scope)
-
-
-def _custom(body):
-  packed = lift.pack(body, ('params', True), (True,), (True,), name='custom')
-  return lambda: lift.init(lambda s, x: packed(s, x))(KEY, jnp.ones((2, 3)))
-
-
-UNMAPPED = r'"batch_stats" is immutable inside the lifted `my_transform`'
-MISUSE = {  # name: (thunk, error, match)
-    'mutable collection in no out filter, params in': (_unmapped(('params',)), errors.UnmappedCollectionError,
-                                                       UNMAPPED),
-    'mutable collection in no out filter, all in': (_unmapped((True,)), errors.UnmappedCollectionError, UNMAPPED),
-    'rng stream not matched': (
-        lambda: lift.apply(passthrough(lambda s: s.make_rng('noise'), rng_filters=('params',)))(
-            {}, rngs={'noise': KEY}), errors.UnknownRngError, r'needs PRNG for "noise": scope "identity\(/\)"'),
-    'in-only collection written inside': (
-        lambda: lift.apply(passthrough(counter, out_filters=('params',)), mutable=['counter'])(
-            {'counter': {'count': 0}}, 0), errors.ImmutableCollectionError, r'"count" in "identity\(/\)"'),
-    'keyword arguments with enable_kwargs=False': (
-        lambda: lift.apply(lift.pack(lambda scope_fn, repack_fn, vg, rg, *a, **k: (None, repack_fn(scope_fn(vg, rg))),
-                                     (True,), (True,), (True,), name='identity', enable_kwargs=False))({}, x=1.0),
-        errors.TransformArgumentError, r"identity: keyword arguments \['x'\]"),
-    'invalid filter when built': (lambda: lift.pack(lambda *a: None, (3,), (True,), (True,)),
-                                  errors.InvalidFilterError, 'Invalid filter 3 of type int'),
-    'scope_fn given fewer groups than in filters': (
-        _custom(_drop_second), errors.PackProtocolError,
-        r'`custom`: the variable_groups given to scope_fn.*in_variable_filters` \(2\)'),
-    'returns y only': (_custom(_only_y), errors.PackProtocolError, r'`custom` returned.*\(y, out_groups\)'),
-    'more out groups than out filters': (_custom(_extra_group), errors.PackProtocolError,
-                                         r'out_groups it returns.*out_variable_filters` \(1\)'),
-    'a pack transform applied to a Module class': (
-        lambda: passthrough(linen_ext.Dense)(3), errors.NotAScopeError,
-        r'lifted `identity` was called with int 3 where its first argument is a scope.*'
-        r'nn.lift_transform'),
-    'repack_fn called twice': (_custom(_repack_twice), errors.RepackedScopeError,
-                               r'repack_fn of the lifted `custom` was given the scope at "custom\(/\)" '
-                               r'again.*Fix: call repack_fn\(scope\) once'),
-}
-
-
-@pytest.mark.parametrize('thunk, error, match', list(MISUSE.values()), ids=list(MISUSE))
-def test_misuse_is_rejected_naming_what_is_at_fault(thunk, error, match):
-  with pytest.raises(error, match=match):
-    thunk()

@@ -1,5 +1,5 @@
 """lift.scan and lift.remat_scan: oracles (lax.scan over hand-stacked variables, the unrolled
-loop, flax.core.lift.scan), shapes, state, errors."""
+loop, flax.core.lift.scan), shapes, state."""
 import flax.core
 import jax
 import jax.numpy as jnp
@@ -252,66 +252,3 @@ def test_carry_creation_keeps_the_scanned_params_keys():
   _, plain = lift.init(lift.scan(without_state, **LAYERS))(KEY, C0, XS)
   assert_trees_close(with_state['params']['w'], plain['params']['w'])
 
-
-# -- errors --------------------------------------------------------------------------------
-
-def _two_inputs(scope, c, x, y):
-  return c, x + y
-
-
-def _consts_from_carry(scope, c, x):
-  return c + scope.variable('consts', 'first', lambda: c).value, x
-
-
-def _init(scanned, *args):
-  return lambda: lift.init(scanned)(KEY, *args)
-
-
-PARAMS5 = {'params': {'dense': {'kernel': jnp.ones((5, 3, 3)), 'bias': jnp.ones((5, 3))}}}
-UNMAPPED = '"counter" is immutable inside the lifted `scan`'
-MISUSE = {  # name: (thunk, error, match)
-    'collection without a rule': (_init(lift.scan(_count_step, **LAYERS), (), XS), errors.UnmappedCollectionError,
-                                  UNMAPPED),
-    'remat_scan collection without a rule': (_init(lift.remat_scan(counter, (2, 3), variable_axes={'params': 0}), C0),
-                                             errors.UnmappedCollectionError, UNMAPPED),
-    'lengths of arguments differ': (
-        _init(lift.scan(_two_inputs), (), jnp.ones((5, 2)), jnp.ones((4, 2))), errors.AxisSizeError,
-        r"(?s)size 5: axis 0 of argument 'x' \(5, 2\).*size 4: axis 0 of argument 'y' \(4, 2\).*length=N"),
-    'lengths of variables and arguments differ': (
-        lambda: lift.apply(lift.scan(layer, **LAYERS))(PARAMS5, C0, XS[:4]), errors.AxisSizeError,
-        r'size 5: axis 0 of variable params/dense/'),
-    'length given disagrees': (_init(lift.scan(layer, length=4, **LAYERS), C0, XS), errors.AxisSizeError,
-                               r'length=4 was given'),
-    'no length': (_init(lift.scan(lambda s, c: (c, None), **LAYERS), C0), errors.AxisSizeError, 'pass length=N'),
-    'broadcast variable depending on the carry': (
-        _init(lift.scan(_consts_from_carry, variable_broadcast='consts'), C0, XS), errors.LoopInvariantError,
-        r'broadcast variable consts/first'),
-    'broadcast params from a split stream': (
-        _init(lift.scan(layer, variable_broadcast='params', split_rngs={'params': True}), C0, XS),
-        errors.LoopInvariantError, r'broadcast variable params/dense/(bias|kernel)'),
-    'broadcast output depending on the inputs': (_init(lift.scan(layer, out_axes=lift.broadcast, **SHARED), C0, XS),
-                                                 errors.LoopInvariantError, r'output ys'),
-    'input axis out of range': (_init(lift.scan(layer, in_axes=3, **LAYERS), C0, XS), errors.InvalidAxisError,
-                                r"argument 'x' has shape \(5, 2, 3\), which has no axis 3"),
-    'output axis out of range': (_init(lift.scan(layer, out_axes=-4, **LAYERS), C0, XS), errors.InvalidAxisError,
-                                 r"output ys \(stacked\) has shape \(5, 2, 3\), which has no axis -4"),
-    'body not returning a pair': (  # one array, not (carry, ys); the message names the scope
-        _init(lift.scan(lambda scope, c, x: dense(scope, c + x, 3), **SHARED), C0, XS), errors.ScanBodyError,
-        r'scan\(/\)": the body returned float32\[2,3\]'),
-    'body changing the carry type': (
-        _init(lift.scan(lambda scope, c, x: (jnp.concatenate([c, dense(scope, x, 3)]), None), **SHARED), C0, XS),
-        errors.ScanBodyError, r'float32\[2, 3\] and returns the carry float32\[4, 3\]'),
-    # rejected when built:
-    'variable axis None': (lambda: lift.scan(layer, variable_axes={'params': None}), errors.InvalidAxisError,
-                           'variable_broadcast for collections shared'),
-    'bad in_axes entry': (lambda: lift.scan(layer, in_axes=[0, 'x']), errors.InvalidAxisError, 'lift.broadcast'),
-    'bad remat': (lambda: lift.scan(layer, remat='sometimes'), errors.RematPolicyError, 'sometimes'),
-    'negative length': (lambda: lift.scan(layer, length=-2), errors.AxisSizeError, 'length=-2'),
-    'remat_scan without lengths': (lambda: lift.remat_scan(_boxed_layer, ()), errors.InvalidAxisError, 'lengths=()'),
-}
-
-
-@pytest.mark.parametrize('thunk, error, match', list(MISUSE.values()), ids=list(MISUSE))
-def test_misuse_is_rejected_naming_what_is_at_fault(thunk, error, match):
-  with pytest.raises(error, match=match):
-    thunk()

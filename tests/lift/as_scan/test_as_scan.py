@@ -1,4 +1,4 @@
-"""`as_scan` API: semantics, prefill, prompts, registry, and error messages."""
+"""`as_scan` API: semantics, prefill, prompts, registry, and the error messages of non-causal primitives."""
 import doctest
 
 import jax
@@ -140,14 +140,3 @@ def test_not_causal_raises_naming_the_primitive(fn, match):
   with pytest.raises(lift.ScanConversionError, match=match) as info:
     as_scan(fn, XS)
   assert 'test_as_scan.py' in str(info.value)
-
-
-@pytest.mark.parametrize('call,match', [
-    (lambda: as_scan(lambda x: x.T, jnp.ones((T, T))), 'varies along axis 1'),
-    (lambda: as_scan(lambda x: x[:-1], jnp.ones((T, T))), 'length 6'),
-    (lambda: as_scan(lambda xs: xs, (jnp.ones((3, 2)), jnp.ones((4, 2)))), 'same positive length'),
-    (lambda: as_scan_with_prefill(g, XS, XS[:2, :2]), 'prefill must have'),
-], ids=['output_axis', 'output_length', 'input_lengths', 'prefill_shape'])
-def test_output_input_and_prefill_shape_errors(call, match):
-  with pytest.raises(lift.ScanConversionError, match=match):
-    call()

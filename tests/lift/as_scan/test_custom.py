@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from lift import ScanConversionError, as_scan, causal_self_attention, custom_causal
+from lift import as_scan, causal_self_attention, custom_causal
 from lift.causal.testing import check_scan
 
 from tests.helpers import assert_trees_close, assert_trees_equal, tolerance
@@ -148,15 +148,6 @@ ATTENTION_USES = {
 @pytest.mark.parametrize('g, xs, prefill, tol', list(ATTENTION_USES.values()), ids=list(ATTENTION_USES))
 def test_attention_layouts_pass_the_oracle(g, xs, prefill, tol):
   check_scan(g, xs, prefill=[prefill], rtol=tol, atol=tol)
-
-
-def test_hand_written_attention_asks_for_custom_causal():
-  def attention(x):
-    logits = jnp.einsum('qd,kd->qk', x, x)
-    mask = jnp.tril(jnp.ones((x.shape[0],) * 2, bool))
-    return jax.nn.softmax(jnp.where(mask, logits, -1e9)) @ x
-  with pytest.raises(ScanConversionError, match='custom_causal'):
-    as_scan(attention, rand((T, 3)))
 
 
 def transformer(params, tokens):

@@ -6,7 +6,6 @@ also inside lifted transforms.
 """
 import inspect
 
-import flax.errors
 import flax.linen as flax_nn
 import jax
 import jax.numpy as jnp
@@ -14,8 +13,6 @@ import numpy as np
 import pytest
 
 import linen_ext as nn
-from lift import errors as lift_errors
-from linen_ext import errors
 from tests.helpers import assert_trees_equal as assert_same
 from tests.helpers import assert_trees_close, check_linen_parity
 
@@ -266,7 +263,7 @@ def test_from_flax_inside_vmap_and_scan_matches_flax_transforms():
   assert variables['params']['ScanStep_0']['FlaxBlock_0']['Dense_0']['kernel'].shape[0] == 3
 
 
-def test_from_flax_and_ready_made_layers_names_arguments_and_errors():
+def test_from_flax_and_ready_made_layers_names_and_arguments():  # misuse: tests/misuse/
   class Model(nn.Module):
     @nn.compact
     def __call__(self, x):
@@ -278,16 +275,12 @@ def test_from_flax_and_ready_made_layers_names_arguments_and_errors():
 
   variables = Model().init(KEY, X)
   assert set(variables['params']) == {'Dense_0', 'named', 'renamed', 'Embed_0'}
-  with pytest.raises(errors.FlaxAdapterError, match='not the class'):
-    nn.from_flax(flax_nn.Dense)
   # The ready-made layers keep Flax's constructor arguments.
   dense = nn.Dense(3, use_bias=False, name='d')
   assert dense.to_flax() == flax_nn.Dense(3, use_bias=False)
   assert (dense.features, dense.use_bias, dense.name) == (3, False, 'd')
   with pytest.raises(TypeError):
     nn.Conv(3)  # kernel_size is required, as in flax
-  with pytest.raises(errors.UnboundModuleError, match='Dense'):
-    dense(X)
 
 
 def test_axis_metadata_helpers_are_flax_boxes_and_vmap_adds_the_axis_name():
@@ -431,32 +424,3 @@ def test_batch_apply_merges_leading_axes_around_a_native_module():
   variables = Model().init(jax.random.key(0), x)
   kernel, bias = variables['params']['Dense_0']['kernel'], variables['params']['Dense_0']['bias']
   assert_trees_close(Model().apply(variables, x), x @ kernel + bias[None, None], depth=1)
-
-
-def test_wrapped_layer_variable_errors_are_ours_and_flax_classes():
-  class VmappedBatchNorm(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      norm = nn.vmap(lambda mdl, x: mdl(x), variable_axes={'params': 0},
-                     split_rngs={'params': True})
-      return norm(nn.BatchNorm(use_running_average=False), x)
-
-  norm = nn.BatchNorm(use_running_average=False)
-  variables = norm.init(KEY, X)
-  cases = [  # Flax's vmap case: ScopeCollectionNotFound; ours names the transform and the fix
-      (lambda: VmappedBatchNorm().init(KEY, X), lift_errors.UnliftedCollectionError,
-       flax.errors.ModifyScopeVariableError,
-       r'"mean".*"batch_stats" is immutable inside the lifted `vmap`.*variable_axes'),
-      (lambda: norm.apply({'params': variables['params']}, X), lift_errors.MissingCollectionError,
-       flax.errors.ScopeCollectionNotFound, r'"mean" from collection "batch_stats".*empty.*Fix'),
-      (lambda: norm.apply(variables, X), lift_errors.ImmutableCollectionError,
-       flax.errors.ModifyScopeVariableError,
-       r'"mean".*"batch_stats" is immutable.*mutable=\["batch_stats"\]'),
-      (lambda: nn.Dense(2).apply({'params': {'bias': jnp.zeros(2)}}, X),
-       lift_errors.MissingParamError, flax.errors.ScopeParamNotFoundError,
-       r'Could not find parameter named "kernel".*Fix'),
-  ]
-  for misuse, ours, theirs, message in cases:
-    with pytest.raises(ours, match=message) as info:
-      misuse()
-    assert isinstance(info.value, theirs)

@@ -99,5 +99,3 @@ def test_a_cell_subclassing_rnncellbase_runs_and_a_missing_initialize_carry_says
   assert_trees_close(nn.RNN(WithCarry()).apply(variables, xs), 2 * jnp.cumsum(xs @ kernel, axis=1), depth=3)
   with pytest.raises(NotImplementedError, match='Accumulate does not define initialize_carry'):
     nn.RNN(Accumulate()).init(KEY, xs)
-  with pytest.raises(TypeError, match='Dense is not a recurrent cell'):
-    nn.RNN(nn.Dense(3)).init(KEY, xs)

@@ -63,16 +63,6 @@ def test_spectral_norm_and_its_power_iteration_state_as_flax(n_steps):
   assert_same(ours.apply(variables, X, False), theirs.apply(variables, X, False))
 
 
-def test_spectral_norm_refuses_tensors_when_asked():
-  class Model(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      return nn.SpectralNorm(nn.Conv(2, (2,)), error_on_non_matrix=True)(x, update_stats=False)
-
-  with pytest.raises(ValueError, match='Input is 3D .* "Conv_0/kernel" is not a matrix'):
-    Model().init(KEY, X[..., None])
-
-
 def test_inside_vmap_and_scan_as_flax():
   def make(lib):
     class Block(lib.Module):

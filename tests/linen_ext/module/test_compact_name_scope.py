@@ -72,9 +72,3 @@ def test_inside_lifted_transforms_as_flax(transform):
   assert_same(v_ours, v_theirs)
   assert_same(build(nn).apply(v_ours, xs, method='plain'),
               build(flax_nn).apply(v_theirs, xs, method='plain'))
-
-
-def test_calling_it_on_an_unbound_module_says_so():
-  model, _ = make(nn, 'plain')
-  with pytest.raises(nn.errors.UnboundModuleError, match='Calling "up"'):
-    model.up(X)

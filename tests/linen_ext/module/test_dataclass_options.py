@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import linen_ext as nn
-from linen_ext import errors
 from linen_ext.module.core import UNSPECIFIED
 from tests.helpers import assert_trees_equal as assert_same_tree
 
@@ -94,19 +93,6 @@ def test_preserve_adopted_names_as_flax(preserve, flag):
   assert_same_tree(ours, theirs)
   kept = preserve if preserve is not None else flag
   assert list(ours['params']) == (['holder'] if kept else ['sub'])
-
-
-def test_preserved_names_still_conflict():
-  class Pair(nn.Module):
-    first: nn.Module
-    second: nn.Module
-    preserve_adopted_names = True
-
-    def __call__(self, x):
-      return self.second(self.first(x))
-
-  with pytest.raises(errors.NameInUseError, match='"leaf"'):
-    Pair(_leaf(nn)(name='leaf'), _leaf(nn)(name='leaf')).init(KEY, X)
 
 
 def _perturbed(lib):

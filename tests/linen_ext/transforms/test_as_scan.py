@@ -85,23 +85,6 @@ def test_a_module_without_state_along_any_axis_is_stepped_frame_by_frame():
   assert_trees_close(run_steps(step, carry, xs), model.apply(variables, xs), 1)
 
 
-class LooksAhead(nn.Module):
-  @nn.compact
-  def __call__(self, x):  # [batch, length, features]
-    return nn.Conv(4, kernel_size=(3,), padding='SAME')(x)
-
-
-@pytest.mark.parametrize('level', ['module', 'function'])
-def test_non_causal_module_raises_naming_the_primitive(level):
-  x = jnp.ones((1, 6, 2))
-  variables = LooksAhead().init(jax.random.key(0), x)
-  with pytest.raises(lift.ScanConversionError, match='conv_general_dilated'):
-    if level == 'module':
-      nn.as_scan(LooksAhead(), variables, x, time_axis=1)
-    else:
-      lift.as_scan(lambda z: LooksAhead().apply(variables, z[None])[0], x[0])
-
-
 def test_causal_lm_example_generates_what_full_recomputation_generates():
   from examples import causal_lm
   with jax.numpy_dtype_promotion('standard'):  # optax's adam relies on implicit promotion

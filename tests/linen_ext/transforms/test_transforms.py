@@ -1,4 +1,4 @@
-"""Module transforms: class, decorator and methods= forms, naming, setup inside, misuse.
+"""Module transforms: class, decorator and methods= forms, naming, setup inside.
 
 Oracles: flax.linen on the same model source (variable trees and values); where Flax
 has no such transform or form, the same model without it or Flax's class form.
@@ -15,7 +15,6 @@ from jax.sharding import PartitionSpec as P
 
 import lift
 import linen_ext as nn
-from linen_ext import errors
 from tests.helpers import assert_trees_close, assert_trees_equal, check_linen_parity, tolerance
 
 KEY = jax.random.key(0)
@@ -140,68 +139,6 @@ def test_setup_submodules_and_modules_in_fields_or_arguments_inside_transforms_m
   assert dense['kernel'].shape == (4, 3)
   np.testing.assert_allclose(ours[1][1][0], X @ dense['kernel'] + dense['bias'][None],
                              rtol=tolerance(jnp.float32, 1), atol=tolerance(jnp.float32, 1))
-
-
-# -- misuse ---------------------------------------------------------------------------------
-
-
-def module(fn, *wraps, name='Model'):
-  """A Module class whose compact ``__call__(self, x)`` is ``fn(self, x)``, wrapped by ``wraps``."""
-  def __call__(self, x):
-    return fn(self, x)
-  method = nn.compact(__call__)
-  for wrap in wraps:
-    method = wrap(method)
-  return type(name, (nn.Module,), {'__call__': method})
-
-
-class Twice(nn.Module):
-  inner: nn.Module
-
-  def __call__(self, x):
-    return self.inner(x)
-
-
-def called(layer, x):
-  layer(x)
-  return layer
-
-
-def init(cls):
-  return lambda: cls().init(KEY, X)
-
-
-@pytest.mark.parametrize('call, error, match', [
-    (lambda: nn.vmap(nn.Dense(3), variable_axes={'params': 0}), errors.TransformTargetError,
-     r'Module class or a method.*nn.vmap'),
-    (lambda: nn.lift_transform(lift_scale, nn.Dense(2), 2.0), errors.TransformTargetError,
-     r'nn\.lift_transform\(lift_scale\)'),
-    (lambda: nn.jit(nn.Dense, methods='__call__'), errors.TransformMethodsError,
-     'methods must be None'),
-    (lambda: nn.jit(nn.Dense, methods=['encode']), errors.NotAMethodError, '"encode"'),
-    (lambda: nn.vmap(nn.Dense, variable_axes={'params': 0}, split_rngs={'params': True})(2)(X),
-     errors.UnboundModuleError, 'nn.vmap'),
-    # jit runs an unbound module's method unbound (as Flax): the layer itself then refuses.
-    (lambda: nn.jit(nn.Dense)(2)(X), errors.UnboundModuleError, 'unbound module `Dense`'),
-    (lambda: nn.jit(lambda self, x, train: x, static_argnums=(3,)), errors.StaticArgnumsError,
-     r'position 3.*\[.self., .x., .train.\]'),
-    (lambda: nn.checkpoint(nn.Dense, static_argnums=(-1,)), errors.StaticArgnumsError,
-     'non-negative'),
-    (init(module(lambda m, x: nn.Dense(2), nn.jit)), errors.TransformedReturnError,
-     r'"__call__".*nn.jit.*returned a Dense'),
-    (init(module(lambda m, x: (x, m.variable('state', 'v', jnp.zeros, ())), nn.checkpoint)),
-     errors.TransformedReturnError, 'returned a Variable'),
-    (init(module(lambda m, x: nn.vjp(lambda t, x: t(x), called(Twice(nn.Dense(2)), x), x)[0])),
-     errors.MultipleScopesError, '2 scopes.*multi_scope=True'),
-    (init(module(lambda m, x: nn.grad(lambda d, x: d(x), called(nn.Dense(2), x), x))),
-     errors.NonScalarOutputError, r'shape \(2, 2\).*sum\(\)'),
-], ids=['instance', 'lift_transform_instance', 'methods_str', 'not_a_method', 'unbound_vmap',
-        'unbound_jit', 'static_argnums_past_the_end', 'negative_static_argnums',
-        'jit_returns_a_module', 'checkpoint_returns_a_variable', 'vjp_of_two_scopes',
-        'grad_of_a_vector'])
-def test_misuse_is_an_error(call, error, match):
-  with pytest.raises(error, match=match):
-    call()
 
 
 def test_fold_rngs_draws_flax_keys():

@@ -1,0 +1,152 @@
+"""Mistakes with `lift.loops` (scan, fold, map, scan_taps, checkpoint policies) and `as_scan`."""
+import jax
+import jax.numpy as jnp
+
+import linen_ext as nn
+from linen_ext import errors as errors_nn
+from lift import as_scan, as_scan_with_prefill, errors, loops
+from lift.loops import ScanCheckpointPolicy as Policy
+
+from tests.misuse import case
+
+add = lambda c, x: (c + x, c)
+sum2 = lambda a, b: a + b
+
+POLICIES = [
+    case("jax.jvp through a loop with remat='nested'", lambda: jax.jvp(
+        loops.fold(lambda c, x: jnp.sin(c * x), remat='nested'), (1.0, jnp.ones(3)),
+        (1.0, jnp.ones(3))), errors.NestedForwardModeError, "remat='nested'", 'jax.grad',
+         "Fix: for forward mode give this loop remat='full'", flax_error=TypeError),
+    case('loops.scan remat given a misspelled policy', lambda: loops.scan(add, remat='nestd'),
+         errors.RematPolicyError, "remat='nestd'", 'False', 'True', "'full'", "'nested'",
+         "'offload'", "'save_all'", 'ScanCheckpointPolicy'),
+    case('run_scan remat given a number', lambda: loops.run_scan(add, 0.0, jnp.ones(3), remat=3),
+         errors.RematPolicyError, 'remat=3'),
+    case('fold remat given a number', lambda: loops.fold(lambda c, x: c + x, remat=3)(
+        0.0, jnp.ones(3)), errors.RematPolicyError, 'remat=3'),
+    case('a policy that does not save carries', lambda: Policy(save_carries=False),
+         errors.RematPolicyError, 'save_carries=False', "'offload'", 'nested=True'),
+    case('save_block_internals given a string', lambda: Policy(save_block_internals='attn'),
+         errors.RematPolicyError, "save_block_internals='attn'", "['attn_out']"),
+    case('a block internal both saved and offloaded', lambda: Policy(
+        save_block_internals=['h', 'g'], offload_block_internals=['h']), errors.RematPolicyError,
+         "['h']", 'both', 'Fix: remove'),
+    case('nested=0', lambda: Policy(nested=0), errors.RematPolicyError, 'nested=0',
+         'Fix: nested=True or nested=4'),
+    case('nested with save_block_internals', lambda: Policy(
+        nested=True, save_block_internals=['h']),
+         errors.RematPolicyError, "nested=True, save_block_internals=('h',))",
+         'Fix: drop save_block_internals'),
+    case('more nested blocks than loop steps', lambda: loops.scan(add, remat=Policy(nested=9))(
+        jnp.float32(0.0), jnp.ones(5)), errors.RematPolicyError,
+         'nested=9 outer blocks for a loop of 5 steps', 'Fix: nested=True'),
+    case('a JAX policy combined with other fields', lambda: Policy(
+        jax_policy=jax.checkpoint_policies.nothing_saveable, save_inputs='offload',
+        save_block_internals=True), errors.RematPolicyError,
+         'cannot be combined with save_inputs, save_block_internals'),
+]
+
+LOOPS = [
+    case('loop inputs of different lengths', lambda: loops.run_scan(
+        add, 0.0, {'a': jnp.ones(3), 'b': jnp.ones(4)}), errors.ScanLengthError,
+         "xs['a']: 3, xs['b']: 4"),
+    case('a scalar among the scanned inputs', lambda: loops.run_scan(
+        add, 0.0, {'s': jnp.float32(1.0)}),
+         errors.ScanLengthError, "['s'] of xs is a scalar", 'Fix: close over'),
+    case('loop length disagreeing with the inputs', lambda: loops.scan(add, length=4)(
+        jnp.float32(0.0), jnp.ones(3)), errors.ScanLengthError, 'length=4 but xs has 3',
+         'Fix: drop length= or pass length=3'),
+    case('run_scan with nothing scanned and no length', lambda: loops.run_scan(add, 0.0, None),
+         errors.ScanLengthError, 'no scanned leaf', 'Fix: pass length=N'),
+    case('loops.scan with nothing scanned and no length', lambda: loops.scan(add)(0.0, None),
+         errors.ScanAxisError, 'no scanned leaf', 'Fix: pass length=N'),
+    case('loop axis given a name', lambda: loops.fold(lambda c, x: c, axis='time'),
+         errors.ScanAxisError, "fold: axis='time' is not an int"),
+    case('loop axis in no input', lambda: loops.scan(add, axis=2)(
+        jnp.zeros(3), {'a': jnp.ones((3, 2)), 'b': 1.0}), errors.ScanAxisError,
+         'axis=2 exists in no leaf', 'ranks'),
+    case('loops.map over a scalar only', lambda: loops.map(lambda x: x)(3.0), errors.ScanAxisError,
+         'map: xs has no leaf to map over', 'call f directly'),
+    case('fold over nothing without a length', lambda: loops.fold(lambda c, x: c)(0.0, None),
+         errors.ScanAxisError, 'fold: cannot tell the number of steps', 'fold(f, length=10)'),
+    case('scan_taps output tap 0', lambda: loops.scan_taps(lambda a, b: a, n_steps=2, outputs_info=[
+        {'initial': jnp.zeros(2), 'taps': [-1, 0]}]), errors.ScanTapsError,
+         'outputs_info[0] has taps [-1, 0]'),
+    case('scan_taps initial value too short for its taps', lambda: loops.scan_taps(
+        sum2, n_steps=2, outputs_info=[{'initial': jnp.zeros(2), 'taps': [-3, -1]}]),
+         errors.ScanTapsError, 'taps [-3, -1]', '3 previous', 'shape (2,)'),
+    case('scan_taps sequences of different lengths', lambda: loops.scan_taps(
+        sum2, sequences=[jnp.ones(5), jnp.ones(4)]), errors.ScanTapsError, 'sequences[0]',
+         ': 5 steps; sequences[1]', ': 4 steps'),
+    case('scan_taps n_steps beyond the sequences', lambda: loops.scan_taps(
+        sum2, n_steps=6, sequences={'input': jnp.ones(5), 'taps': [-1, 0]}),
+         errors.ScanTapsError, 'n_steps=6 but sequences[0]',
+         'only 4 steps'),
+    case('scan_taps with neither n_steps nor sequences', lambda: loops.scan_taps(
+        lambda h: h, outputs_info=jnp.float32(0.0)), errors.ScanTapsError, 'n_steps=None',
+         'no sequences', 'Fix: pass n_steps'),
+    case('scan_taps fn returning more outputs than outputs_info', lambda: loops.scan_taps(
+        lambda h: (h, h), n_steps=2, outputs_info=[jnp.float32(0.0)]), errors.ScanTapsError,
+         'fn returned 2 outputs but outputs_info has 1'),
+    case('scan_taps sequence given as a dict without input', lambda: loops.scan_taps(
+        lambda x: x, sequences=[{'values': jnp.ones(3)}]), errors.ScanTapsError, 'sequences[0]=',
+         'expected an array or'),
+]
+
+
+class LooksAhead(nn.Module):
+  @nn.compact
+  def __call__(self, x):  # [batch, length, features]
+    return nn.Conv(4, kernel_size=(3,), padding='SAME')(x)
+
+
+def _non_causal_module(level):
+  x = jnp.ones((1, 6, 2))
+  variables = LooksAhead().init(jax.random.key(0), x)
+  if level == 'module':
+    return nn.as_scan(LooksAhead(), variables, x, time_axis=1)
+  return as_scan(lambda z: LooksAhead().apply(variables, z[None])[0], x[0])
+
+
+def _masked_attention(x):
+  logits = jnp.einsum('qd,kd->qk', x, x)
+  mask = jnp.tril(jnp.ones((x.shape[0],) * 2, bool))
+  return jax.nn.softmax(jnp.where(mask, logits, -1e9)) @ x
+
+
+class Cumsum(nn.Module):
+  @nn.compact
+  def __call__(self, x):  # [batch, length, features]
+    return jnp.cumsum(nn.Dense(2)(x), axis=1)
+
+
+def _batch_as_time():
+  x = jnp.ones((2, 5, 3))
+  return nn.as_scan(Cumsum(), Cumsum().init(jax.random.key(0), x), x)  # time_axis=0
+
+
+T = 6
+XS = jnp.ones((T, 3))
+AS_SCAN = [
+    case("nn.as_scan's default time_axis=0 on [batch, length] inputs", _batch_as_time,
+         errors_nn.TimeAxisError, 'time_axis=0', '`Cumsum.__call__`', 'Fix: time_axis=1'),
+    case('as_scan of a function whose output moves the time axis', lambda: as_scan(
+        lambda x: x.T, jnp.ones((T, T))), errors.ScanConversionError, 'varies along axis 1'),
+    case('as_scan of a function shortening the time axis', lambda: as_scan(
+        lambda x: x[:-1], jnp.ones((T, T))), errors.ScanConversionError, 'length 6'),
+    case('as_scan inputs of different lengths', lambda: as_scan(
+        lambda xs: xs, (jnp.ones((3, 2)), jnp.ones((4, 2)))), errors.ScanConversionError,
+         'same positive length'),
+    case('as_scan_with_prefill given a prefill of another shape', lambda: as_scan_with_prefill(
+        jnp.tanh, XS, XS[:2, :2]), errors.ScanConversionError, 'prefill must have'),
+    case('as_scan of a hand-written causal attention', lambda: as_scan(
+        _masked_attention, jnp.linspace(0.0, 1.0, 3 * T).reshape(T, 3)),
+         errors.ScanConversionError, 'custom_causal'),
+    case('nn.as_scan of a module looking ahead in time', lambda: _non_causal_module('module'),
+         errors.ScanConversionError, 'conv_general_dilated', 'anti-causal'),
+    case("as_scan of a function applying a module that looks ahead in time",
+         lambda: _non_causal_module('function'), errors.ScanConversionError,
+         'conv_general_dilated', 'anti-causal'),
+]
+
+CASES = POLICIES + LOOPS + AS_SCAN
