@@ -261,6 +261,7 @@ def _jit_body(key: CallKey, variable_groups, rngs, hashes, dyn_kwargs, *dyn_args
     out_groups = call.repack_fn(scope_tree)
   if tape is not None:
     tape.check_complete()
+    tape.close()
   draws = () if tape is None else tuple(tape.draws)
   call.recorded = _Recorded(draws, tuple(increments), hashes.shape[0])
   return y, out_groups

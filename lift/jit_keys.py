@@ -108,6 +108,11 @@ class Tape:
     # Past the end of the pool (first trace only) the value is unused: the caller retraces.
     return self.hashes[min(index, self.hashes.shape[0] - 1)]
 
+  def close(self):
+    """Lets go of the traced hashes once the trace is done: the tape stays in the static part
+    of streams that inner transforms saw, and JAX caches those."""
+    self.hashes = None
+
   def check_complete(self):
     if self.expected is not None and len(self.draws) < len(self.expected):
       self.mismatch(len(self.draws), self.expected[len(self.draws)], 'no draw')
