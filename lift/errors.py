@@ -177,9 +177,11 @@ class UnknownRngError(LiftError, flax_errors.InvalidRngError):
   """`make_rng` asked for a stream that this scope does not have."""
 
   def __init__(self, rng_name, path, available, scope_name=None):
-    scope_name = scope_name or 'The top-level scope'
+    who = f'{scope_name} needs PRNG for "{rng_name}"'
+    if not scope_name:  # Flax's sentence, which names the unnamed root "None"
+      who = f'None needs PRNG for "{rng_name}" (None: the unnamed top-level module)'
     super().__init__(
-        f'{scope_name} needs PRNG for "{rng_name}": scope "{_path_text(path)}" has only '
+        f'{who}: scope "{_path_text(path)}" has only '
         f'the streams {sorted(available)} (and no "params" stream to fall '
         f'back on). Fix: pass it, e.g. `rngs={{"{rng_name}": key}}` to '
         '`init`/`apply`; inside a lifted transform, make sure the transform\'s '

@@ -59,7 +59,7 @@ def scope_over_flax_scope(flax_scope: Any, cls_name: str) -> Scope:
     raise errors.InvalidParentError(cls_name, flax_scope)
   rngs = {name: rng.as_jax_rng() for name, rng in flax_scope.rngs.items()}
   return Scope(flax_scope._variables, rngs, mutable=flax_scope.mutable,
-               flags=flax_scope.flags)
+               path=flax_scope.path, flags=flax_scope.flags)
 
 
 _FLAX_PARTITIONING = pathlib.Path(flax_partitioning.__file__).resolve()

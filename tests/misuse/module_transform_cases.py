@@ -238,7 +238,7 @@ BODIES = [
     both('nn.vmap of a top-level ready-made layer without a params stream', lambda nn: nn.vmap(
         nn.Dense, variable_axes={'params': 0}, split_rngs={})(3).init(KEY, XS),
          lift_errors.UnknownRngError, flax_errors.InvalidRngError,
-         'The top-level scope needs PRNG for "params"', 'split_rngs'),
+         'None needs PRNG for "params" (None: the unnamed top-level module)', 'split_rngs'),
     both('nn.vmap of shared params with split rngs', lambda nn: compact(
         nn, lambda m, nn, xs: nn.vmap(nn.Dense, variable_axes={'params': None},
                                       split_rngs={'params': True})(3)(xs)).init(KEY, XS),

@@ -89,7 +89,7 @@ PACK = [
          errors.UnliftedCollectionError, UNMAPPED),
     case('a pack transform not lifting an rng stream', lambda: lift.apply(passthrough(
         lambda s: s.make_rng('noise'), rng_filters=('params',)))({}, rngs={'noise': KEY}),
-         errors.UnknownRngError, 'needs PRNG for "noise": scope "identity(/)"'),
+         errors.UnknownRngError, 'needs PRNG for "noise"', 'scope "identity(/)"'),
     case('a pack transform writing a collection it only reads', lambda: lift.apply(passthrough(
         counter, out_filters=('params',)), mutable=['counter'])({'counter': {'count': 0}}, 0),
          errors.UnliftedCollectionError, '"count" in "identity(/)"', '"counter"'),
