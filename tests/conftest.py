@@ -2,6 +2,7 @@ import os
 import pathlib
 
 import jax
+import pytest
 
 # Strict numerics: catch silent dtype and rank promotion in library code.
 jax.config.update("jax_numpy_dtype_promotion", "strict")
@@ -21,3 +22,26 @@ CACHE_SETTINGS = {
 for name, value in CACHE_SETTINGS.items():
   jax.config.update(name, value)
   os.environ[name.upper()] = str(value)
+
+
+TESTS = pathlib.Path(__file__).resolve().parent
+LEAK_CHECKED = (TESTS / "lift", TESTS / "linen_ext")
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_tracers(request):
+  """Every test of `lift` and `linen_ext` runs under `jax.checking_leaks()`: a tracer that
+  outlives its trace (held by a scope, a module or a cache) fails the test."""
+  exempt = request.node.get_closest_marker("tracer_leaks_in_jax")
+  if exempt or not any(folder in pathlib.Path(str(request.fspath)).parents
+                       for folder in LEAK_CHECKED):
+    yield
+    return
+  with jax.checking_leaks():
+    yield
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "tracer_leaks_in_jax: JAX itself keeps this test's tracers (a test of a "
+      "JAX-internal path, e.g. partial evaluation with effects); not leak-checked")
