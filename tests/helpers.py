@@ -6,6 +6,7 @@ the dtype and the depth of the computation (`tolerance`), not with a fixed numbe
 The same program run by two libraries (ours and Flax's) is compared bit for bit
 (`assert_trees_equal`) wherever both issue the same operations.
 """
+import math
 import os
 import pathlib
 import subprocess
@@ -18,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax.core import meta
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
 
 import linen_ext
 
@@ -163,3 +166,57 @@ def run_in_child(call: str, timeout: int = 300) -> subprocess.CompletedProcess:
   code = f'import tests.{module} as t; t.{fn}()'
   return subprocess.run([sys.executable, '-c', code], cwd=root, env=env,
                         capture_output=True, text=True, timeout=timeout)
+
+
+# -- Property tests ----------------------------------------------------------------------
+#
+# Compiling is what a property test spends its time on, so each draws few, tiny examples.
+# The default profile is derandomized (CI runs the same examples every time);
+# ``LIFT_PROPERTIES=explore`` draws fresh examples, twenty times as many.
+
+settings.register_profile('lift-ci', deadline=None, derandomize=True, database=None,
+                          suppress_health_check=[HealthCheck.too_slow],
+                          phases=[Phase.explicit, Phase.generate])  # a shrink costs minutes
+settings.register_profile('lift-explore', deadline=None, derandomize=False,
+                          suppress_health_check=[HealthCheck.too_slow])
+_PROFILE = os.environ.get('LIFT_PROPERTIES', 'ci')
+_EXAMPLE_SCALE = {'ci': 1, 'explore': 20}[_PROFILE]
+
+
+def property_settings(max_examples: int) -> settings:
+  """The settings of one property: ``max_examples`` examples (scaled by the profile)."""
+  return settings(settings.get_profile(f'lift-{_PROFILE}'),
+                  max_examples=max_examples * _EXAMPLE_SCALE)
+
+
+SIZES = st.integers(min_value=1, max_value=4)
+"""A dimension: sizes 1 to 4 (1 catches axes confused with a broadcast dimension)."""
+
+
+def axes(*extra):
+  """An axis of a mapped array, counted from either end, or one of ``extra`` (None, ...)."""
+  return st.sampled_from([0, 1, -1, *extra])
+
+
+# A property compiles one small program per example, and XLA's CPU backend spends most of
+# that compile optimising machine code that then runs for microseconds.
+_CHEAP_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True}
+
+
+def run_compiled(fn, *args):
+  """``fn(*args)`` as one compiled program, optimised little (it runs once)."""
+  return jax.jit(fn, compiler_options=_CHEAP_COMPILE)(*args)
+
+
+def key_uniform(key, shape=(), dtype=jnp.float32):
+  """Values in [-1, 1) of ``shape`` made from the bits of ``key``.
+
+  An initializer, and a stand-in for `jax.random`'s samplers in properties: each value
+  depends on which key was drawn, and it compiles to a few integer operations instead of
+  a second Threefry hash.
+  """
+  words = jax.random.key_data(key).reshape(-1)
+  bits = words[0] ^ (words[-1] * jnp.uint32(0x9E3779B1))  # every word of the key counts
+  unit = (bits >> 9).astype(dtype) * (2.0 ** -23)  # 23 random bits in [0, 1)
+  pattern = jnp.linspace(0.0, 1.0, math.prod(shape), endpoint=False, dtype=dtype).reshape(shape)
+  return jnp.mod(unit + pattern, 1.0) * 2.0 - 1.0
