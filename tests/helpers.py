@@ -22,6 +22,7 @@ from flax.core import meta
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
+import lift
 import linen_ext
 
 # Rounding error a layer may add, in units of its dtype's epsilon: a matmul, a mean
@@ -198,6 +199,29 @@ def axes(*extra):
   return st.sampled_from([0, 1, -1, *extra])
 
 
+def grid(shape, offset=0.0):
+  """A deterministic array of ``shape`` with distinct entries in [-1 + offset, 1 - offset]."""
+  size = math.prod(shape)
+  return np.linspace(-1.0 + offset, 1.0 - offset, size, dtype=np.float32).reshape(shape)
+
+
+def insert_axis(shape, axis, size):
+  """``shape`` with ``size`` inserted at ``axis`` (counted in the result); as it is for None."""
+  if axis is None:
+    return tuple(shape)
+  shape = list(shape)
+  shape.insert(axis % (len(shape) + 1), size)
+  return tuple(shape)
+
+
+def check_split(stacked, axis, split, n):
+  """Items 0 and 1 along ``axis`` of what a split stream drew differ; an unsplit one's are equal."""
+  if n > 1:
+    leaves = [np.asarray(a) for a in jax.tree.leaves(stacked)]
+    same = all(np.array_equal(np.take(a, 0, axis), np.take(a, 1, axis)) for a in leaves)
+    assert same != split, f'split={split}, yet items 0 and 1 are {"equal" if same else "different"}'
+
+
 # A property compiles one small program per example, and XLA's CPU backend spends most of
 # that compile optimising machine code that then runs for microseconds.
 _CHEAP_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True}
@@ -220,3 +244,40 @@ def key_uniform(key, shape=(), dtype=jnp.float32):
   unit = (bits >> 9).astype(dtype) * (2.0 ** -23)  # 23 random bits in [0, 1)
   pattern = jnp.linspace(0.0, 1.0, math.prod(shape), endpoint=False, dtype=dtype).reshape(shape)
   return jnp.mod(unit + pattern, 1.0) * 2.0 - 1.0
+
+
+# Scope functions of the properties: each draws through `key_uniform`.
+
+def layer(scope, x, features):
+  """``x @ kernel``, the kernel drawn from the 'params' stream."""
+  return x @ scope.param('kernel', key_uniform, (x.shape[-1], features))
+
+
+def layer_params(key, features_in, features, draws_before=0):
+  """The params `layer` creates at the child 'dense' of an untransformed scope, after
+  ``draws_before`` draws from the 'params' stream there."""
+  def model(scope):
+    dense = scope.push('dense')
+    for _ in range(draws_before):
+      dense.make_rng('params')
+    return layer(dense, jnp.zeros((1, features_in)), features)
+  return lift.init(model)({'params': key})[1]['params']
+
+
+def update_stats(scope, h):
+  """A step counter and a running total of ``h`` in 'stats'."""
+  count = scope.variable('stats', 'count', jnp.zeros, (1,), jnp.int32)
+  count.value = count.value + 1
+  total = scope.variable('stats', 'total', jnp.zeros, h.shape[-1:])
+  total.value = total.value + h.mean(0)
+
+
+def sow(scope, h):
+  """Writes ``h`` to 'intermediates' where that collection is mutable, as Flax's ``sow``."""
+  if scope.is_mutable_collection('intermediates'):
+    scope.put_variable('intermediates', 'h', h)
+
+
+def noise(scope, shape):
+  """A draw from the 'dropout' stream."""
+  return key_uniform(scope.make_rng('dropout'), shape)

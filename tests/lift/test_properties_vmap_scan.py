@@ -15,53 +15,19 @@ from typing import Any
 import flax.core
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax.core import lift as flax_lift
 from hypothesis import given
 from hypothesis import strategies as st
 from jax import lax
 
 import lift
-from tests.helpers import (SIZES, assert_trees_close, assert_trees_equal, axes, key_uniform,
-                           property_settings, run_compiled)
+from tests.helpers import (SIZES, assert_trees_close, assert_trees_equal, axes, check_split, grid,
+                           insert_axis, layer, layer_params, noise, property_settings, run_compiled,
+                           sow, update_stats)
 from tests.lift.test_flax_core_parity import marker
 
 KP, KD, KD_APPLY = jax.random.key(0), jax.random.key(1), jax.random.key(2)
 RNGS = {'params': KP, 'dropout': KD}
-
-
-def layer(scope, x, features):
-  """``x @ kernel``, the kernel drawn from the 'params' stream."""
-  return x @ scope.param('kernel', key_uniform, (x.shape[-1], features))
-
-
-def layer_params(key, features_in, features, draws_before=0):
-  """The params `layer` creates at the child 'dense' of an untransformed scope, after
-  ``draws_before`` draws from the 'params' stream there."""
-  def model(scope):
-    dense = scope.push('dense')
-    for _ in range(draws_before):
-      dense.make_rng('params')
-    return layer(dense, jnp.zeros((1, features_in)), features)
-  return lift.init(model)({'params': key})[1]['params']
-
-
-def update_stats(scope, h):
-  """A step counter and a running total of ``h`` in 'stats'."""
-  count = scope.variable('stats', 'count', jnp.zeros, (1,), jnp.int32)
-  count.value = count.value + 1
-  total = scope.variable('stats', 'total', jnp.zeros, h.shape[-1:])
-  total.value = total.value + h.mean(0)
-
-
-def sow(scope, h):
-  if scope.is_mutable_collection('intermediates'):
-    scope.put_variable('intermediates', 'h', h)
-
-
-def noise(scope, shape):
-  """A draw from the 'dropout' stream."""
-  return key_uniform(scope.make_rng('dropout'), shape)
 
 
 def _keys(key, split, n):
@@ -73,35 +39,12 @@ def _key_axis(split):
   return 0 if split else None
 
 
-def _array(shape, offset=0.0):
-  """A deterministic array of ``shape`` with distinct entries in [-1, 1]."""
-  size = int(np.prod(shape))
-  return np.linspace(-1.0 + offset, 1.0 - offset, size, dtype=np.float32).reshape(shape)
-
-
-def _insert_axis(shape, axis, size):
-  """``shape`` with ``size`` inserted at ``axis`` (counted in the result), or as it is."""
-  if axis is None:
-    return tuple(shape)
-  shape = list(shape)
-  shape.insert(axis % (len(shape) + 1), size)
-  return tuple(shape)
-
-
 def _to_front(tree, axis):
   return jax.tree.map(lambda a: jnp.moveaxis(a, axis, 0), tree)
 
 
 def _from_front(tree, axis):
   return jax.tree.map(lambda a: jnp.moveaxis(a, 0, axis), tree)
-
-
-def _check_split(stacked, axis, split, n):
-  """Items 0 and 1 of a split stream's draws differ; an unsplit stream's are equal."""
-  if n > 1:
-    leaves = [np.asarray(a) for a in jax.tree.leaves(stacked)]
-    same = all(np.array_equal(np.take(a, 0, axis), np.take(a, 1, axis)) for a in leaves)
-    assert same != split, f'split={split}, yet items 0 and 1 are {"equal" if same else "different"}'
 
 
 # -- vmap ---------------------------------------------------------------------------------
@@ -169,8 +112,8 @@ def vmap_cases(draw):
 @property_settings(12)
 @given(vmap_cases())
 def test_vmap_equals_jax_vmap_over_stacked_variables(case):
-  x = _array(_insert_axis((case.rows, case.features_in), case.x_axis, case.n))
-  shift = _array((case.features,), 0.5)
+  x = grid(insert_axis((case.rows, case.features_in), case.x_axis, case.n))
+  shift = grid((case.features,), 0.5)
   sow = [] if case.sow_axis is None else ['intermediates']
   mutable = ['stats', 'intermediates']
 
@@ -203,14 +146,14 @@ def test_vmap_equals_jax_vmap_over_stacked_variables(case):
     return results
 
   results = run_compiled(example)
-  (outputs, variables), (applied, mutated) = results['init'], results['apply']
+  (outputs, variables), (_, mutated) = results['init'], results['apply']
   assert_trees_close(results['init'], results['init_oracle'], depth=2)
   assert_trees_equal(results['init'], results['init_flax'])
-  kernel_shape = _insert_axis((case.features_in, case.features), case.params_axis, case.n)
+  kernel_shape = insert_axis((case.features_in, case.features), case.params_axis, case.n)
   assert variables['params']['dense']['kernel'].shape == kernel_shape
   if case.params_axis is not None:
-    _check_split(variables['params'], case.params_axis, case.split_params, case.n)
-  _check_split(outputs[1], case.y_axis, case.split_dropout, case.n)
+    check_split(variables['params'], case.params_axis, case.split_params, case.n)
+  check_split(outputs[1], case.y_axis, case.split_dropout, case.n)
   assert sorted(mutated) == sorted(['stats', *sow])  # only the lifted collections come back
   assert_trees_close(results['apply'], results['apply_oracle'], depth=2)
   assert_trees_equal(results['apply'], results['apply_flax'])
@@ -352,7 +295,7 @@ def scan_cases(draw):
 
 
 def _initial_carry(case):
-  h = jnp.asarray(_array((case.rows, case.features), 0.25))
+  h = jnp.asarray(grid((case.rows, case.features), 0.25))
   return {'array': h, 'tuple': (h, jnp.int32(0)), 'dict': {'h': h, 'steps': jnp.int32(0)}}[case.carry]
 
 
@@ -361,8 +304,8 @@ def _initial_carry(case):
 def test_scan_equals_lax_scan_over_stacked_variables(case):
   n, features = case.length, case.features
   carry = _initial_carry(case)
-  xs = None if case.x_axis is None else _array(_insert_axis((case.rows, features), case.x_axis, n))
-  shift = _array((features,), 0.5)
+  xs = None if case.x_axis is None else grid(insert_axis((case.rows, features), case.x_axis, n))
+  shift = grid((features,), 0.5)
   mutable = ['stats', 'intermediates']
 
   def apply(params, stats, M=lift, L=lift):
@@ -393,11 +336,11 @@ def test_scan_equals_lax_scan_over_stacked_variables(case):
   (outputs, variables), (_, mutated) = results['init'], results['apply']
   depth = 2 * n  # each step adds a layer of rounding
   assert_trees_close(results['init'], results['init_oracle'], depth)
-  assert variables['params']['dense']['kernel'].shape == _insert_axis((features, features), case.params_axis, n)
-  assert variables['stats']['total'].shape == _insert_axis((features,), case.stats_axis, n)
+  assert variables['params']['dense']['kernel'].shape == insert_axis((features, features), case.params_axis, n)
+  assert variables['stats']['total'].shape == insert_axis((features,), case.stats_axis, n)
   if case.params_axis is not None:
-    _check_split(variables['params'], case.params_axis, case.split_params, n)
-  _check_split(outputs[1][1], case.y_axis, case.split_dropout, n)
+    check_split(variables['params'], case.params_axis, case.split_params, n)
+  check_split(outputs[1][1], case.y_axis, case.split_dropout, n)
   assert sorted(mutated) == sorted(['stats', *case.sown])
   assert_trees_close(results['apply'], results['apply_oracle'], depth)
   if case.runs_in_flax:
