@@ -12,6 +12,7 @@ import dataclasses
 import flax.core
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax.core import lift as flax_lift
 from hypothesis import given
@@ -205,7 +206,7 @@ def test_jit_equals_the_untransformed_function(case):
   (ys, _), _ = results['ours']
   if case.draws:  # every call draws new keys, a child called again too
     for i in range(len(ys)):
-      assert not any(jnp.array_equal(ys[i], ys[j]) for j in range(i))
+      assert not any(np.array_equal(ys[i], ys[j]) for j in range(i))
 
 
 # -- cond and switch ----------------------------------------------------------------------
@@ -391,7 +392,7 @@ def while_cases(draw):
 @property_settings(10)
 @given(while_cases())
 def test_while_loop_equals_lax_while_loop_on_the_explicit_variables(case):
-  zeros = {'steps': jnp.int32(0), 'total': jnp.zeros((case.features,))}
+  zeros = {'steps': np.int32(0), 'total': np.zeros((case.features,), np.float32)}
 
   def example():
     params = layer_params(KP, case.features, case.features)
@@ -512,7 +513,7 @@ def test_map_variables_equals_the_hand_applied_map(case):
     with pytest.raises(errors.UnliftedCollectionError, match='"params".*init=True'):
       lift.init(case.lifted(lift))(RNGS, x)
     return
-  stats = {'mean': jnp.linspace(-1.0, 1.0, case.features)}
+  stats = {'mean': np.linspace(-1.0, 1.0, case.features, dtype=np.float32)}
   # With init=True, applying with a mapped collection mutable runs the init pass on the
   # stored form: a transposed non-square kernel does not fit the function (nor in Flax).
   apply_fails = (case.init and case.mapped == ('params', 'stats') and case.maps == 'transpose'
