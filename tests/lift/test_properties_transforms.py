@@ -97,7 +97,7 @@ def remat_cases(draw):
       by_keyword=static == 'argnames' and draw(st.booleans()))
 
 
-@property_settings(10)
+@property_settings(8)
 @given(remat_cases())
 def test_checkpoint_equals_jax_checkpoint_of_the_untransformed_function(case):
   x = grid((case.rows, case.features))
@@ -183,7 +183,7 @@ def jit_cases(draw):
       static=draw(st.sampled_from(['argnums', 'argnames'])))
 
 
-@property_settings(10)
+@property_settings(8)
 @given(jit_cases())
 def test_jit_equals_the_untransformed_function(case):
   x = grid((case.rows, case.features_in))
@@ -266,8 +266,7 @@ class BranchCase:
 
 
 @st.composite
-def branch_cases(draw):
-  kind = draw(st.sampled_from(['cond', 'switch']))
+def branch_cases(draw, kind):
   k = 2 if kind == 'cond' else draw(st.integers(1, 4))
   per_branch = lambda strategy: tuple(draw(st.lists(strategy, min_size=k, max_size=k)))
   return BranchCase(
@@ -277,9 +276,11 @@ def branch_cases(draw):
       rows=draw(SIZES), features_in=draw(SIZES), features=draw(SIZES), grad=draw(st.booleans()))
 
 
-@property_settings(12)
-@given(branch_cases())
-def test_cond_and_switch_equal_lax_on_the_explicit_variables(case):
+@pytest.mark.parametrize('kind', ['cond', 'switch'])
+@property_settings(4)
+@given(data=st.data())
+def test_cond_and_switch_equal_lax_on_the_explicit_variables(kind, data):
+  case = data.draw(branch_cases(kind))
   x = grid((case.rows, case.features_in))
   index = jnp.asarray(case.index)
   zeros = {f'count_{j}': jnp.int32(0) for j in range(len(case.scales))}
@@ -389,7 +390,7 @@ def while_cases(draw):
       carry_variables=carry_variables, split_dropout=draw(st.booleans()), grad=draw(st.booleans()))
 
 
-@property_settings(10)
+@property_settings(6)
 @given(while_cases())
 def test_while_loop_equals_lax_while_loop_on_the_explicit_variables(case):
   zeros = {'steps': np.int32(0), 'total': np.zeros((case.features,), np.float32)}
@@ -505,7 +506,7 @@ def map_cases(draw):
       features_in=draw(SIZES), features=draw(SIZES), grad=draw(st.booleans()))
 
 
-@property_settings(12)
+@property_settings(10)
 @given(map_cases())
 def test_map_variables_equals_the_hand_applied_map(case):
   x = grid((case.rows, case.features_in))

@@ -15,6 +15,7 @@ from typing import Any
 import flax.core
 import jax
 import jax.numpy as jnp
+import pytest
 from flax.core import lift as flax_lift
 from hypothesis import given
 from hypothesis import strategies as st
@@ -109,7 +110,7 @@ def vmap_cases(draw):
       grad=draw(st.booleans()))
 
 
-@property_settings(12)
+@property_settings(8)
 @given(vmap_cases())
 def test_vmap_equals_jax_vmap_over_stacked_variables(case):
   x = grid(insert_axis((case.rows, case.features_in), case.x_axis, case.n))
@@ -280,13 +281,17 @@ class ScanCase:
     return {'stats': self.stats_axis, 'intermediates': self.sow_axis}[collection]
 
 
+STATS_RULES = {'scanned': axes(), 'carried': st.just(None), 'carried, created outside': st.just(None)}
+
+
 @st.composite
-def scan_cases(draw):
-  params_axis, stats_axis, x_axis = draw(axes(None)), draw(axes(None)), draw(axes(None))
+def scan_cases(draw, stats_rule):
+  params_axis, x_axis = draw(axes(None)), draw(axes(None))
+  stats = draw(STATS_RULES[stats_rule])
   return ScanCase(
       length=draw(SIZES), rows=draw(SIZES), features=draw(SIZES), params_axis=params_axis,
-      split_params=params_axis is not None and draw(st.booleans()), stats_axis=stats_axis,
-      stats_outside=stats_axis is None and draw(st.booleans()), sow_axis=draw(axes(None)),
+      split_params=params_axis is not None and draw(st.booleans()),
+      stats_axis=stats, stats_outside=stats_rule == 'carried, created outside', sow_axis=draw(axes(None)),
       split_dropout=draw(st.booleans()), x_axis=x_axis,
       pass_length=x_axis is None or draw(st.booleans()), y_axis=draw(axes()),
       carry=draw(st.sampled_from(['array', 'tuple', 'dict'])), reverse=draw(st.booleans()),
@@ -299,9 +304,11 @@ def _initial_carry(case):
   return {'array': h, 'tuple': (h, jnp.int32(0)), 'dict': {'h': h, 'steps': jnp.int32(0)}}[case.carry]
 
 
-@property_settings(12)
-@given(scan_cases())
-def test_scan_equals_lax_scan_over_stacked_variables(case):
+@pytest.mark.parametrize('stats_rule', sorted(STATS_RULES))
+@property_settings(3)
+@given(data=st.data())
+def test_scan_equals_lax_scan_over_stacked_variables(stats_rule, data):
+  case = data.draw(scan_cases(stats_rule))
   n, features = case.length, case.features
   carry = _initial_carry(case)
   xs = None if case.x_axis is None else grid(insert_axis((case.rows, features), case.x_axis, n))

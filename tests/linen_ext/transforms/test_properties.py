@@ -12,6 +12,7 @@ from typing import Any
 import flax.linen as flax_nn
 import jax
 import jax.numpy as jnp
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -115,8 +116,7 @@ class MappedCase:
 
 
 @st.composite
-def mapped_cases(draw_from):
-  transform = draw_from(st.sampled_from(['vmap', 'scan']))
+def mapped_cases(draw_from, transform):
   scan = transform == 'scan'
   params_axis = draw_from(axes(None))
   return MappedCase(
@@ -128,9 +128,11 @@ def mapped_cases(draw_from):
       unroll=draw_from(st.sampled_from([1, 2])) if scan else 1)
 
 
-@property_settings(8)
-@given(mapped_cases())
-def test_vmap_and_scan_of_a_module_match_flax_linen(case):
+@pytest.mark.parametrize('transform', ['vmap', 'scan'])
+@property_settings(3)
+@given(data=st.data())
+def test_vmap_and_scan_of_a_module_match_flax_linen(transform, data):
+  case = data.draw(mapped_cases(transform))
   ours, theirs = both(lambda nn, variables: init_and_apply(
       case.model(nn), case.arguments(), ['stats', 'intermediates'], variables))
   assert_trees_equal(ours, theirs)
@@ -267,17 +269,18 @@ def _options(kind):
 
 
 @st.composite
-def other_cases(draw_from):
-  kind = draw_from(st.sampled_from(['remat', 'jit', 'cond', 'switch', 'while_loop', 'map_variables']))
+def other_cases(draw_from, kind):
   features_in = draw_from(SIZES)
   return Case(kind=kind, rows=draw_from(SIZES), features_in=features_in,
               features=features_in if kind == 'while_loop' else draw_from(SIZES),
               options=draw_from(_options(kind)), grad=kind != 'while_loop' and draw_from(st.booleans()))
 
 
-@property_settings(10)
-@given(other_cases())
-def test_other_transforms_of_a_module_match_flax_linen(case):
+@pytest.mark.parametrize('kind', ['remat', 'jit', 'cond', 'switch', 'while_loop', 'map_variables'])
+@property_settings(2)
+@given(data=st.data())
+def test_other_transforms_of_a_module_match_flax_linen(kind, data):
+  case = data.draw(other_cases(kind))
   x = grid((case.rows, case.features_in))
 
   def build(nn, variables):
