@@ -48,13 +48,13 @@ def _draws_after(count, shape, key):
 # -- checkpoint ---------------------------------------------------------------------------
 
 
-def remat_body(scope, x, n_layers, activation):
-  """``n_layers`` layers (a Python loop: static), 'stats', and a draw."""
+def remat_body(scope, x, n_layers, activation, *, scale):
+  """``n_layers`` layers (a Python loop: static), 'stats', a draw, and a keyword array."""
   h = x
   for i in range(n_layers):
     h = ACTIVATIONS[activation](scope.child(layer, f'dense_{i}')(h, h.shape[-1]))
   update_stats(scope, h)
-  return h + noise(scope, h.shape[-1:])[None]
+  return scale * h + noise(scope, h.shape[-1:])[None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,18 +73,21 @@ class RematCase:
                   mixed=dict(static_argnums=(1,), static_argnames=('activation',)))[self.static]
     rematted = L.checkpoint(remat_body, policy=POLICIES[self.policy], prevent_cse=self.prevent_cse, **static)
     if self.static == 'mixed':  # a static_argnums argument goes by position
-      return lambda scope, x: rematted(scope, x, self.n_layers, activation=self.activation)
+      return lambda scope, x, scale: rematted(scope, x, self.n_layers, activation=self.activation,
+                                              scale=scale)
     if self.by_keyword:
-      return lambda scope, x: rematted(scope, x, n_layers=self.n_layers, activation=self.activation)
-    return lambda scope, x: rematted(scope, x, self.n_layers, self.activation)
+      return lambda scope, x, scale: rematted(scope, x, n_layers=self.n_layers,
+                                              activation=self.activation, scale=scale)
+    return lambda scope, x, scale: rematted(scope, x, self.n_layers, self.activation, scale=scale)
 
-  def oracle(self, params, stats, x, key):
+  def oracle(self, params, stats, x, scale, key):
     """`jax.checkpoint` of the untransformed function on the explicit variables."""
-    def run(params, stats, x, key):
+    def run(params, stats, x, scale, key):
       return lift.apply(remat_body, mutable='stats')(
-          {'params': params, 'stats': stats}, x, self.n_layers, self.activation, rngs={'dropout': key})
+          {'params': params, 'stats': stats}, x, self.n_layers, self.activation, scale=scale,
+          rngs={'dropout': key})
     return jax.checkpoint(run, prevent_cse=self.prevent_cse, policy=POLICIES[self.policy])(
-        params, stats, x, key)
+        params, stats, x, scale, key)
 
 
 @st.composite
@@ -100,22 +103,22 @@ def remat_cases(draw):
 @property_settings(8)
 @given(remat_cases())
 def test_checkpoint_equals_jax_checkpoint_of_the_untransformed_function(case):
-  x = grid((case.rows, case.features))
+  x, scale = grid((case.rows, case.features)), np.float32(1.5)
 
   def example():
-    results = {'init': lift.init(case.lifted())(RNGS, x),
-               'init_untransformed': lift.init(remat_body)(RNGS, x, case.n_layers, case.activation)}
+    results = {'init': lift.init(case.lifted())(RNGS, x, scale), 'init_untransformed': lift.init(remat_body)(
+        RNGS, x, case.n_layers, case.activation, scale=scale)}
     variables = results['init'][1]
-    apply = lambda params: lift.apply(case.lifted(), mutable='stats')(
-        {**variables, 'params': params}, x, rngs={'dropout': KD_APPLY})
-    oracle = lambda params: case.oracle(params, variables['stats'], x, KD_APPLY)
-    loss = lambda run: lambda params: _sum_of_squares(run(params)[0])
-    results.update(apply=apply(variables['params']), apply_oracle=oracle(variables['params']),
-                   grads=[jax.grad(loss(run))(variables['params']) for run in (apply, oracle)])
+    apply = lambda params, scale, M=lift, L=lift: M.apply(case.lifted(L), mutable='stats')(
+        {**variables, 'params': params}, x, scale, rngs={'dropout': KD_APPLY})
+    oracle = lambda params, scale: case.oracle(params, variables['stats'], x, scale, KD_APPLY)
+    loss = lambda run: lambda *args: _sum_of_squares(run(*args)[0])
+    grad = lambda run: jax.grad(loss(run), argnums=(0, 1))(variables['params'], scale)
+    results.update(apply=apply(variables['params'], scale), apply_oracle=oracle(variables['params'], scale),
+                   grads=[grad(apply), grad(oracle)])
     if case.static == 'argnums' and not case.by_keyword:
-      results['init_flax'] = flax.core.init(case.lifted(flax_lift))(RNGS, x)
-      results['grad_flax'] = jax.grad(loss(lambda params: flax.core.apply(case.lifted(flax_lift), mutable='stats')(
-          {**variables, 'params': params}, x, rngs={'dropout': KD_APPLY})))(variables['params'])
+      results['init_flax'] = flax.core.init(case.lifted(flax_lift))(RNGS, x, scale)
+      results['grad_flax'] = grad(lambda params, scale: apply(params, scale, flax.core, flax_lift))
     return results
 
   results = run_compiled(example)
