@@ -246,6 +246,32 @@ def key_uniform(key, shape=(), dtype=jnp.float32):
   return jnp.mod(unit + pattern, 1.0) * 2.0 - 1.0
 
 
+ACTIVATIONS = {'tanh': jnp.tanh, 'relu': jax.nn.relu, 'sin': jnp.sin, 'identity': lambda h: h}
+POLICIES = {None: None, 'nothing': jax.checkpoint_policies.nothing_saveable,
+            'everything': jax.checkpoint_policies.everything_saveable,
+            'dots': jax.checkpoint_policies.dots_saveable,
+            'dots_no_batch': jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
+
+def _on_floats(fn):
+  return lambda tree: jax.tree.map(
+      lambda a: fn(a) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
+
+
+MAPS = {  # name: (map_in, map_out) of map_variables, with map_in(map_out(v)) == v exactly
+    'transpose': (_on_floats(lambda a: a.T), _on_floats(lambda a: a.T)),
+    'double': (_on_floats(lambda a: 2.0 * a), _on_floats(lambda a: 0.5 * a)),
+    'negate': (_on_floats(jnp.negative), _on_floats(jnp.negative)),
+    'identity': (lambda c: c, lambda c: c),
+}
+
+
+def sum_of_squares(tree):
+  """A scalar loss of every floating leaf of ``tree``."""
+  return sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(tree)
+             if jnp.issubdtype(a.dtype, jnp.floating))
+
+
 # Scope functions of the properties: each draws through `key_uniform`.
 
 def layer(scope, x, features):

@@ -99,20 +99,27 @@ class VmapCase:
     return _keys(key, self.split_dropout, self.n)
 
 
+RNG_RULES = {  # params' axis, and whether 'params' and 'dropout' are split
+    'per item, split': (axes(), st.just(True), st.just(True)),
+    'per item, one key': (axes(), st.just(False), st.just(False)),
+    'shared': (st.just(None), st.just(False), st.booleans())}
+
+
 @st.composite
-def vmap_cases(draw):
-  params_axis = draw(axes(None))
+def vmap_cases(draw, rng_rule):
+  params_axis, split_params, split_dropout = (draw(s) for s in RNG_RULES[rng_rule])
   return VmapCase(
       n=draw(SIZES), rows=draw(SIZES), features_in=draw(SIZES), features=draw(SIZES),
       params_axis=params_axis, stats_axis=draw(axes(None)), sow_axis=draw(axes(None)),
-      split_params=params_axis is not None and draw(st.booleans()),
-      split_dropout=draw(st.booleans()), x_axis=draw(axes(None)), y_axis=draw(axes()),
-      grad=draw(st.booleans()))
+      split_params=split_params, split_dropout=split_dropout, x_axis=draw(axes(None)),
+      y_axis=draw(axes()), grad=draw(st.booleans()))
 
 
-@property_settings(8)
-@given(vmap_cases())
-def test_vmap_equals_jax_vmap_over_stacked_variables(case):
+@pytest.mark.parametrize('rng_rule', sorted(RNG_RULES))
+@property_settings(3)
+@given(data=st.data())
+def test_vmap_equals_jax_vmap_over_stacked_variables(rng_rule, data):
+  case = data.draw(vmap_cases(rng_rule))
   x = grid(insert_axis((case.rows, case.features_in), case.x_axis, case.n))
   shift = grid((case.features,), 0.5)
   sow = [] if case.sow_axis is None else ['intermediates']
@@ -120,7 +127,8 @@ def test_vmap_equals_jax_vmap_over_stacked_variables(case):
 
   def init_oracle():  # item i creates what an unmapped init creates with item i's keys
     def one(kp, kd, x):
-      return lift.init(vmap_body, mutable=['params', 'stats', *sow])({'params': kp, 'dropout': kd}, x, shift)
+      return lift.init(vmap_body, mutable=['params', 'stats', *sow])(
+          {'params': kp, 'dropout': kd}, x, shift)
     return case.oracle(one, [_key_axis(case.split_params)], ['params', 'stats', *sow])(
         _keys(KP, case.split_params, case.n), case.dropout_keys(KD), x)
 
@@ -281,7 +289,8 @@ class ScanCase:
     return {'stats': self.stats_axis, 'intermediates': self.sow_axis}[collection]
 
 
-STATS_RULES = {'scanned': axes(), 'carried': st.just(None), 'carried, created outside': st.just(None)}
+STATS_RULES = {'scanned': axes(), 'carried': st.just(None),
+               'carried, created outside': st.just(None)}
 
 
 @st.composite
@@ -291,7 +300,8 @@ def scan_cases(draw, stats_rule):
   return ScanCase(
       length=draw(SIZES), rows=draw(SIZES), features=draw(SIZES), params_axis=params_axis,
       split_params=params_axis is not None and draw(st.booleans()),
-      stats_axis=stats, stats_outside=stats_rule == 'carried, created outside', sow_axis=draw(axes(None)),
+      stats_axis=stats, stats_outside=stats_rule == 'carried, created outside',
+      sow_axis=draw(axes(None)),
       split_dropout=draw(st.booleans()), x_axis=x_axis,
       pass_length=x_axis is None or draw(st.booleans()), y_axis=draw(axes()),
       carry=draw(st.sampled_from(['array', 'tuple', 'dict'])), reverse=draw(st.booleans()),
@@ -301,7 +311,8 @@ def scan_cases(draw, stats_rule):
 
 def _initial_carry(case):
   h = jnp.asarray(grid((case.rows, case.features), 0.25))
-  return {'array': h, 'tuple': (h, jnp.int32(0)), 'dict': {'h': h, 'steps': jnp.int32(0)}}[case.carry]
+  steps = jnp.int32(0)
+  return {'array': h, 'tuple': (h, steps), 'dict': {'h': h, 'steps': steps}}[case.carry]
 
 
 @pytest.mark.parametrize('stats_rule', sorted(STATS_RULES))
@@ -343,7 +354,8 @@ def test_scan_equals_lax_scan_over_stacked_variables(stats_rule, data):
   (outputs, variables), (_, mutated) = results['init'], results['apply']
   depth = 2 * n  # each step adds a layer of rounding
   assert_trees_close(results['init'], results['init_oracle'], depth)
-  assert variables['params']['dense']['kernel'].shape == insert_axis((features, features), case.params_axis, n)
+  kernel_shape = insert_axis((features, features), case.params_axis, n)
+  assert variables['params']['dense']['kernel'].shape == kernel_shape
   assert variables['stats']['total'].shape == insert_axis((features,), case.stats_axis, n)
   if case.params_axis is not None:
     check_split(variables['params'], case.params_axis, case.split_params, n)

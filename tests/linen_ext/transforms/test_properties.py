@@ -17,9 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import linen_ext
-from tests.helpers import (SIZES, assert_trees_equal, axes, check_split, grid, insert_axis,
-                           key_uniform, plain, property_settings, run_compiled)
-from tests.lift.test_properties_transforms import ACTIVATIONS, MAPS, POLICIES
+from tests.helpers import (ACTIVATIONS, MAPS, POLICIES, SIZES, assert_trees_equal, axes,
+                           check_split, grid, insert_axis, key_uniform, plain, property_settings,
+                           run_compiled)
 
 RNGS = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
 DROPOUT = {'dropout': jax.random.key(2)}
@@ -99,7 +99,8 @@ class MappedCase:
     variable_axes = {'stats': self.stats_axis, **({'intermediates': 0} if self.sow else {})}
     splits = {'params': self.split_params, 'dropout': self.split_dropout}
     if self.transform == 'vmap':
-      return nn.vmap(Item, variable_axes={'params': self.params_axis, **variable_axes}, split_rngs=splits,
+      return nn.vmap(Item, variable_axes={'params': self.params_axis, **variable_axes},
+                     split_rngs=splits,
                      in_axes=(self.x_axis, None), out_axes=(self.y_axis, self.y_axis, None),
                      axis_size=self.n if self.x_axis is None else None, axis_name='batch')()
     if self.params_axis is not None:
@@ -112,7 +113,9 @@ class MappedCase:
   def arguments(self):
     x = grid(insert_axis((self.rows, self.features), self.x_axis, self.n))
     shift = grid((self.features,), 0.5)
-    return (x, shift) if self.transform == 'vmap' else (grid((self.rows, self.features), 0.25), x, shift)
+    if self.transform == 'vmap':
+      return x, shift
+    return grid((self.rows, self.features), 0.25), x, shift
 
 
 @st.composite
@@ -217,14 +220,17 @@ class Case:
             return scales[j] * ACTIVATIONS[activations[j]](dense(nn, features, 'dense')(x))
           return fn
         branches = [branch(j) for j in range(len(scales))]
-        y = nn.cond(index, *branches, self, x) if kind == 'cond' else nn.switch(index, branches, self, x)
+        if kind == 'cond':
+          y = nn.cond(index, *branches, self, x)
+        else:
+          y = nn.switch(index, branches, self, x)
         return y, draw(self, (features,))
 
     return Branching()
 
   def looping(self, nn):
-    trips, carried, split, features = (
-        self.options['trips'], self.options['carry_variables'], self.options['split'], self.features)
+    options, features = self.options, self.features
+    trips, carried, split = options['trips'], options['carry_variables'], options['split']
 
     class Looping(nn.Module):
       @nn.compact
@@ -250,7 +256,8 @@ class Case:
 
 def _options(kind):
   if kind == 'remat':
-    return st.fixed_dictionaries({'n_layers': st.integers(1, 3), 'policy': st.sampled_from(list(POLICIES)),
+    return st.fixed_dictionaries({'n_layers': st.integers(1, 3),
+                                  'policy': st.sampled_from(list(POLICIES)),
                                   'prevent_cse': st.booleans(),
                                   'activation': st.sampled_from(sorted(ACTIVATIONS))})
   if kind == 'jit':
@@ -273,7 +280,8 @@ def other_cases(draw_from, kind):
   features_in = draw_from(SIZES)
   return Case(kind=kind, rows=draw_from(SIZES), features_in=features_in,
               features=features_in if kind == 'while_loop' else draw_from(SIZES),
-              options=draw_from(_options(kind)), grad=kind != 'while_loop' and draw_from(st.booleans()))
+              options=draw_from(_options(kind)),
+              grad=kind != 'while_loop' and draw_from(st.booleans()))
 
 
 @pytest.mark.parametrize('kind', ['remat', 'jit', 'cond', 'switch', 'while_loop', 'map_variables'])
