@@ -6,6 +6,7 @@ the dtype and the depth of the computation (`tolerance`), not with a fixed numbe
 The same program run by two libraries (ours and Flax's) is compared bit for bit
 (`assert_trees_equal`) wherever both issue the same operations.
 """
+import math
 import os
 import pathlib
 import subprocess
@@ -18,7 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax.core import meta
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
 
+import lift
 import linen_ext
 
 # Rounding error a layer may add, in units of its dtype's epsilon: a matmul, a mean
@@ -163,3 +167,143 @@ def run_in_child(call: str, timeout: int = 300) -> subprocess.CompletedProcess:
   code = f'import tests.{module} as t; t.{fn}()'
   return subprocess.run([sys.executable, '-c', code], cwd=root, env=env,
                         capture_output=True, text=True, timeout=timeout)
+
+
+# -- Property tests ----------------------------------------------------------------------
+#
+# Compiling is what a property test spends its time on, so each draws few, tiny examples.
+# The default profile is derandomized (CI runs the same examples every time);
+# ``LIFT_PROPERTIES=explore`` draws fresh examples, twenty times as many.
+
+settings.register_profile('lift-ci', deadline=None, derandomize=True, database=None,
+                          suppress_health_check=[HealthCheck.too_slow],
+                          phases=[Phase.explicit, Phase.generate])  # a shrink costs minutes
+settings.register_profile('lift-explore', deadline=None, derandomize=False,
+                          suppress_health_check=[HealthCheck.too_slow])
+_PROFILE = os.environ.get('LIFT_PROPERTIES', 'ci')
+_EXAMPLE_SCALE = {'ci': 1, 'explore': 20}[_PROFILE]
+
+
+def property_settings(max_examples: int) -> settings:
+  """The settings of one property: ``max_examples`` examples (scaled by the profile)."""
+  return settings(settings.get_profile(f'lift-{_PROFILE}'),
+                  max_examples=max_examples * _EXAMPLE_SCALE)
+
+
+SIZES = st.integers(min_value=1, max_value=4)
+"""A dimension: sizes 1 to 4 (1 catches axes confused with a broadcast dimension)."""
+
+
+def axes(*extra):
+  """An axis of a mapped array, counted from either end, or one of ``extra`` (None, ...)."""
+  return st.sampled_from([0, 1, -1, *extra])
+
+
+def grid(shape, offset=0.0):
+  """A deterministic array of ``shape`` with distinct entries in [-1 + offset, 1 - offset]."""
+  size = math.prod(shape)
+  return np.linspace(-1.0 + offset, 1.0 - offset, size, dtype=np.float32).reshape(shape)
+
+
+def insert_axis(shape, axis, size):
+  """``shape`` with ``size`` inserted at ``axis`` (counted in the result); as it is for None."""
+  if axis is None:
+    return tuple(shape)
+  shape = list(shape)
+  shape.insert(axis % (len(shape) + 1), size)
+  return tuple(shape)
+
+
+def check_split(stacked, axis, split, n):
+  """Items 0 and 1 along ``axis`` of what a split stream drew differ; an unsplit one's are equal."""
+  if n > 1:
+    leaves = [np.asarray(a) for a in jax.tree.leaves(stacked)]
+    same = all(np.array_equal(np.take(a, 0, axis), np.take(a, 1, axis)) for a in leaves)
+    assert same != split, f'split={split}, yet items 0 and 1 are {"equal" if same else "different"}'
+
+
+# A property compiles one small program per example, and XLA's CPU backend spends most of
+# that compile optimising machine code that then runs for microseconds.
+_CHEAP_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True}
+
+
+def run_compiled(fn, *args):
+  """``fn(*args)`` as one compiled program, optimised little (it runs once)."""
+  return jax.jit(fn, compiler_options=_CHEAP_COMPILE)(*args)
+
+
+def key_uniform(key, shape=(), dtype=jnp.float32):
+  """Values in [-1, 1) of ``shape`` made from the bits of ``key``.
+
+  An initializer, and a stand-in for `jax.random`'s samplers in properties: each value
+  depends on which key was drawn, and it compiles to a few integer operations instead of
+  a second Threefry hash.
+  """
+  words = jax.random.key_data(key).reshape(-1)
+  bits = words[0] ^ (words[-1] * jnp.uint32(0x9E3779B1))  # every word of the key counts
+  unit = (bits >> 9).astype(dtype) * (2.0 ** -23)  # 23 random bits in [0, 1)
+  pattern = jnp.linspace(0.0, 1.0, math.prod(shape), endpoint=False, dtype=dtype).reshape(shape)
+  return jnp.mod(unit + pattern, 1.0) * 2.0 - 1.0
+
+
+ACTIVATIONS = {'tanh': jnp.tanh, 'relu': jax.nn.relu, 'sin': jnp.sin, 'identity': lambda h: h}
+POLICIES = {None: None, 'nothing': jax.checkpoint_policies.nothing_saveable,
+            'everything': jax.checkpoint_policies.everything_saveable,
+            'dots': jax.checkpoint_policies.dots_saveable,
+            'dots_no_batch': jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
+
+def _on_floats(fn):
+  return lambda tree: jax.tree.map(
+      lambda a: fn(a) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
+
+
+MAPS = {  # name: (map_in, map_out) of map_variables, with map_in(map_out(v)) == v exactly
+    'transpose': (_on_floats(lambda a: a.T), _on_floats(lambda a: a.T)),
+    'double': (_on_floats(lambda a: 2.0 * a), _on_floats(lambda a: 0.5 * a)),
+    'negate': (_on_floats(jnp.negative), _on_floats(jnp.negative)),
+    'identity': (lambda c: c, lambda c: c),
+}
+
+
+def sum_of_squares(tree):
+  """A scalar loss of every floating leaf of ``tree``."""
+  return sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(tree)
+             if jnp.issubdtype(a.dtype, jnp.floating))
+
+
+# Scope functions of the properties: each draws through `key_uniform`.
+
+def layer(scope, x, features):
+  """``x @ kernel``, the kernel drawn from the 'params' stream."""
+  return x @ scope.param('kernel', key_uniform, (x.shape[-1], features))
+
+
+def layer_params(key, features_in, features, draws_before=0):
+  """The params `layer` creates at the child 'dense' of an untransformed scope, after
+  ``draws_before`` draws from the 'params' stream there."""
+  def model(scope):
+    dense = scope.push('dense')
+    for _ in range(draws_before):
+      dense.make_rng('params')
+    return layer(dense, jnp.zeros((1, features_in)), features)
+  return lift.init(model)({'params': key})[1]['params']
+
+
+def update_stats(scope, h):
+  """A step counter and a running total of ``h`` in 'stats'."""
+  count = scope.variable('stats', 'count', jnp.zeros, (1,), jnp.int32)
+  count.value = count.value + 1
+  total = scope.variable('stats', 'total', jnp.zeros, h.shape[-1:])
+  total.value = total.value + h.mean(0)
+
+
+def sow(scope, h):
+  """Writes ``h`` to 'intermediates' where that collection is mutable, as Flax's ``sow``."""
+  if scope.is_mutable_collection('intermediates'):
+    scope.put_variable('intermediates', 'h', h)
+
+
+def noise(scope, shape):
+  """A draw from the 'dropout' stream."""
+  return key_uniform(scope.make_rng('dropout'), shape)

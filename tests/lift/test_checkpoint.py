@@ -3,7 +3,6 @@
 import flax.core
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from flax.core import lift as flax_lift
 
@@ -53,21 +52,6 @@ def test_static_argnums_count_from_the_first_argument_after_the_scope():
   assert_trees_close(ours, lift.init(dense)(RNGS, X, 5))
 
 
-def scaled_dense(scope, x, *, scale):
-  return dense(scope, x, 2) * scale
-
-
-def test_keyword_arguments_and_policy():
-  remat_dense = lift.checkpoint(scaled_dense, prevent_cse=False,
-                                policy=jax.checkpoint_policies.nothing_saveable)
-  _, variables = lift.init(scaled_dense)(RNGS, X, scale=2.0)
-  def loss(params, scale, remat):
-    fn = remat_dense if remat else scaled_dense
-    return jnp.sum(lift.apply(fn)({'params': params}, X, scale=scale) ** 2)
-  assert_trees_close(jax.grad(loss, argnums=(0, 1))(variables['params'], 2.0, True),
-                     jax.grad(loss, argnums=(0, 1))(variables['params'], 2.0, False))
-
-
 def test_counter_survives_and_immutable_counter_is_rejected():
   fn = lift.checkpoint(counter)
   _, state = lift.apply(fn, mutable='counter')({'counter': {'count': jnp.int32(4)}}, X)
@@ -76,19 +60,6 @@ def test_counter_survives_and_immutable_counter_is_rejected():
     lift.apply(fn)({'counter': {'count': jnp.int32(4)}}, X)
 
 
-def test_static_argnames_by_keyword_and_by_position():
-  """A static name makes Python control flow on it work, passed either way, under grad."""
-  def body(scope, x, n):
-    w = scope.param('w', jax.nn.initializers.lecun_normal(), (x.shape[-1], n))
-    y = jnp.tanh(x @ w)
-    return y * 2 if n > 1 else y  # Python control flow: n must be static
-  rematted = lift.checkpoint(body, static_argnames='n')
-  x = jnp.linspace(-1, 1, 6).reshape(2, 3)
-  ys, variables = lift.init(lambda s, x: (rematted(s, x, n=2), rematted(s, x, 2)))(KEY, x)
-  np.testing.assert_allclose(ys[0], ys[1])
-  np.testing.assert_allclose(ys[0], lift.apply(body)(variables, x, 2))
-  grad = lambda f: jax.grad(lambda v: jnp.sum(lift.apply(f)(v, x, n=2)))(variables)
-  assert_trees_close(grad(rematted)['params']['w'], grad(body)['params']['w'], depth=1)
 
 
 def test_linen_remat_static_argnames():

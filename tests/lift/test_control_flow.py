@@ -2,11 +2,9 @@
 import jax
 import jax.numpy as jnp
 import pytest
-from jax import lax
 
 import lift
 from lift import errors
-from lift.rng import fold_in_static
 
 from tests.helpers import assert_trees_close, counter, dense
 from tests.lift.test_flax_core_parity import check
@@ -30,7 +28,6 @@ def branch(name, scale):
 
 
 BRANCHES = [branch(name, scale) for name, scale in zip(COUNTS, SCALES)]
-positive = BRANCHES[0]
 
 
 def model(name):
@@ -48,28 +45,6 @@ def model(name):
 
 def taken(name, index):
   return (0 if index else 1) if name == 'cond' else min(index, 2)  # switch clamps, as lax
-
-
-def dense_by_hand(params, x, scale=1):
-  return scale * (x @ params['dense']['kernel'] + params['dense']['bias'][None])
-
-
-@pytest.mark.parametrize('name, indices', [('cond', (True, False)), ('switch', (0, 1, 2, 7))])
-def test_equals_lax_on_the_same_params_and_flax_core(name, indices):
-  build = model(name)
-  variables = lift.init(build(lift))(RNGS, X, indices[0])[1]
-  variables = {**variables, 'state': jax.tree.map(jnp.zeros_like, variables['state'])}
-  apply = jax.jit(lift.apply(build(lift), mutable='state'))
-  by_hand = [lambda p, x, s=s: dense_by_hand(p, x, s) for s in SCALES[:2 if name == 'cond' else 3]]
-  for index in indices:
-    y, state = apply(variables, X, jnp.asarray(index))
-    lax_fn = (lambda i, *a: lax.cond(i, *by_hand, *a)) if name == 'cond' else (
-        lambda i, *a: lax.switch(i, by_hand, *a))
-    assert_trees_close(y, lax_fn(index, variables['params'], X))
-    # Only the taken branch's update survives.
-    assert [int(v) for v in state['state'].values()] == [
-        int(taken(name, index) == COUNTS.index(k)) for k in state['state']]
-    check(build, lambda M, fn: M.apply(fn, mutable='state')(variables, X, jnp.asarray(index)))
 
 
 @pytest.mark.parametrize('name, index', [('cond', True), ('cond', False), ('switch', 0), ('switch', 2)])
@@ -102,44 +77,6 @@ def test_cond_rng_counters_hold_the_maximum_over_branches():
 
 # -- while_loop -------------------------------------------------------------------------------
 
-def loop_model(L):
-  def fn(scope, x):
-    scope.variable('state', 'steps', lambda: jnp.zeros((), jnp.int32))
-    scope.child(dense, 'dense')(x, 3)  # create the broadcast params before the loop
-    def body_fn(scope, carry):
-      scope.put_variable('state', 'steps', scope.get_variable('state', 'steps') + 1)
-      return jnp.tanh(scope.child(dense, 'dense')(carry, 3))
-    return L.while_loop(lambda s, c: s.get_variable('state', 'steps') < 4, body_fn, scope, x,
-                        carry_variables='state')
-  return fn
-
-
-def test_while_loop_equals_a_python_loop_and_flax_core():
-  _, variables = lift.init(loop_model(lift))(RNGS, X)
-  assert jax.tree.map(jnp.shape, variables) == {
-      'params': {'dense': {'kernel': (3, 3), 'bias': (3,)}}, 'state': {'steps': ()}}
-  variables = {**variables, 'state': {'steps': jnp.int32(0)}}
-  y, state = lift.apply(loop_model(lift), mutable='state')(variables, X)
-  carry = X
-  for _ in range(4):
-    carry = jnp.tanh(dense_by_hand(variables['params'], carry))
-  assert_trees_close(y, carry)
-  assert int(state['state']['steps']) == 4
-  check(loop_model, lambda M, fn: M.apply(fn, mutable='state')(variables, X))
-
-
-@pytest.mark.parametrize('split', [True, False])
-def test_while_loop_split_rngs_fold_in_the_iteration_as_flax_core(split):
-  def build(L):
-    def body_fn(scope, carry):
-      return carry[0] + 1, carry[1] + jax.random.uniform(scope.make_rng('dropout'), (2,))
-    return lambda s: L.while_loop(lambda s, c: c[0] < 3, body_fn, s, (0, jnp.zeros(2)),
-                                  split_rngs={'dropout': split})
-  _, (_, y) = check(build, lambda M, fn: M.apply(fn)({}, rngs=RNGS))
-  key = RNGS['dropout']
-  draws = [jax.random.uniform(fold_in_static(jax.random.fold_in(key, i) if split else key, (1,)), (2,))
-           for i in range(3)]
-  assert_trees_close(y, sum(draws))
 
 
 # -- nothing lost --------------------------------------------------------------------------------

@@ -46,21 +46,6 @@ def _unrolled(body, reverse=False):
 
 # -- oracles ---------------------------------------------------------------------
 
-@pytest.mark.parametrize('reverse, unroll', [(False, 1), (True, 1), (False, 2), (True, 5)])
-def test_scan_equals_lax_scan_over_hand_stacked_params(reverse, unroll):
-  params = _layer_params(jax.random.split(jax.random.key(1), 5))
-  expected = lax.scan(lambda c, px: _apply_layer(px[0], c, px[1]), C0, (params, XS), reverse=reverse)
-  got = lift.apply(lift.scan(layer, reverse=reverse, unroll=unroll, **LAYERS))({'params': params}, C0, XS)
-  assert_trees_close(got, expected)
-
-
-def test_broadcast_equals_closing_over_the_params():
-  _, variables = lift.init(layer)(jax.random.key(1), C0, XS[0])
-  expected = lax.scan(lambda c, x: _apply_layer(variables['params'], c, x), C0, XS)
-  got = lift.apply(lift.scan(layer, **SHARED))(variables, C0, XS)
-  assert_trees_close(got, expected)
-
-
 @pytest.mark.parametrize('remat', [False, True, 'nested', lift.loops.ScanCheckpointPolicy(nested=2)])
 def test_gradient_equals_lax_scan_gradient(remat):
   params = _layer_params(jax.random.split(jax.random.key(1), 5))
@@ -69,22 +54,6 @@ def test_gradient_equals_lax_scan_gradient(remat):
   lifted_loss = lambda p: loss(lift.apply(scanned)({'params': p}, C0, XS))
   oracle_loss = lambda p: loss(lax.scan(lambda c, px: _apply_layer(px[0], c, px[1]), C0, (p, XS)))
   assert_trees_close(jax.jit(jax.grad(lifted_loss))(params), jax.grad(oracle_loss)(params), depth=8)
-
-
-def test_negative_axes_and_broadcast_inputs():
-  def step(scope, c, x, shift):
-    c, h = layer(scope, c, x)
-    return c, h + shift[None]
-  scanned = lift.scan(step, variable_axes={'params': -1}, split_rngs={'params': True},
-                      in_axes=(-1, lift.broadcast), out_axes=-1)
-  shift = jnp.arange(3.0)
-  (c, ys), variables = lift.init(scanned)(KEY, C0, jnp.moveaxis(XS, 0, -1), shift)
-  assert jax.tree.map(jnp.shape, variables['params']['dense']) == {'kernel': (3, 3, 5), 'bias': (3, 5)}
-  assert ys.shape == (2, 3, 5)
-  params = jax.tree.map(lambda p: jnp.moveaxis(p, -1, 0), variables['params'])
-  oracle = lambda c, px: (lambda c, h: (c, h + shift[None]))(*_apply_layer(px[0], c, px[1]))
-  expected_c, expected_ys = lax.scan(oracle, C0, (params, XS))
-  assert_trees_close((c, ys), (expected_c, jnp.moveaxis(expected_ys, 0, -1)))
 
 
 def test_broadcast_output_is_returned_once_not_stacked():

@@ -15,32 +15,7 @@ XS = jnp.linspace(-1.0, 1.0, 15).reshape(3, 5)
 ENSEMBLE = dict(variable_axes={'params': 0}, split_rngs={'params': True})
 
 
-def _stack(trees):
-  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
-
-
 # -- oracles ---------------------------------------------------------------------
-
-def test_vmap_equals_jax_vmap_over_hand_stacked_params():
-  keys = jax.random.split(jax.random.key(1), 3)
-  params = _stack([lift.init(mlp)(k, XS[i])[1]['params'] for i, k in enumerate(keys)])
-  expected = jax.jit(jax.vmap(lambda p, x: lift.apply(mlp)({'params': p}, x)))(params, XS)
-  got = jax.jit(lift.apply(lift.vmap(mlp, **ENSEMBLE)))({'params': params}, XS)
-  assert_trees_close(got, expected, depth=1)
-
-
-def test_vmap_gradient_equals_jax_vmap_gradient():
-  _, variables = jax.jit(lift.init(lift.vmap(mlp, **ENSEMBLE)))(KEY, XS)
-
-  def lifted_loss(params):
-    return jnp.sum(lift.apply(lift.vmap(mlp, **ENSEMBLE))({'params': params}, XS) ** 2)
-
-  def oracle_loss(params):
-    return jnp.sum(jax.vmap(lambda p, x: lift.apply(mlp)({'params': p}, x))(params, XS) ** 2)
-
-  got = jax.jit(jax.grad(lifted_loss))(variables['params'])
-  assert_trees_close(got, jax.jit(jax.grad(oracle_loss))(variables['params']))
-
 
 def test_shared_params_equal_unmapped_call():
   shared = lift.vmap(mlp, variable_axes={'params': None}, split_rngs={'params': False})
@@ -57,46 +32,7 @@ def test_init_matches_flax_core_lift_vmap(axis, split):
         lambda M, fn: M.init(fn)(KEY, XS))
 
 
-def test_unsplit_stream_gives_every_item_the_same_key():
-  def noise(scope, x):
-    return x + jax.random.normal(scope.make_rng('noise'), x.shape)
-
-  mapped = lift.vmap(noise, variable_axes={}, split_rngs={'noise': False})
-  y = lift.apply(mapped)({}, jnp.zeros((3, 2)), rngs={'noise': KEY})
-  np.testing.assert_allclose(y, jnp.broadcast_to(y[0], y.shape))
-  split = lift.vmap(noise, variable_axes={}, split_rngs={'noise': True})
-  y = lift.apply(split)({}, jnp.zeros((3, 2)), rngs={'noise': KEY})
-  assert not np.allclose(y[0], y[1])
-
-
 # -- axes ---------------------------------------------------------------------------
-
-@pytest.mark.parametrize('axis, kernel, bias', [
-    (0, (3, 5, 2), (3, 2)), (1, (5, 3, 2), (2, 3)), (-1, (5, 2, 3), (2, 3))])
-def test_created_variables_get_the_mapped_axis(axis, kernel, bias):
-  mapped = lift.vmap(dense, variable_axes={'params': axis}, split_rngs={'params': True})
-  _, variables = lift.init(mapped)(KEY, XS, features=2)
-  shapes = jax.tree.map(jnp.shape, variables)
-  assert shapes == {'params': {'kernel': kernel, 'bias': bias}}
-  y = lift.apply(mapped)(variables, XS, features=2)
-  kernels = jnp.moveaxis(variables['params']['kernel'], axis, 0)
-  biases = jnp.moveaxis(variables['params']['bias'], axis if axis >= 0 else -1, 0)
-  assert_trees_close(y, jnp.einsum('bi,bio->bo', XS, kernels) + biases, depth=3)
-
-
-def test_in_axes_out_axes_and_negative_axes():
-  def affine(scope, x, shift):
-    return dense(scope, x, 2) + shift
-
-  mapped = lift.vmap(affine, variable_axes={'params': None}, split_rngs={'params': False},
-                     in_axes=(-1, None), out_axes=1)
-  shift = jnp.arange(2.0)
-  y, variables = lift.init(mapped)(KEY, XS.T, shift)
-  expected = jax.vmap(lambda x: lift.apply(affine)(variables, x, shift), in_axes=-1,
-                      out_axes=1)(XS.T)
-  assert y.shape == (2, 3)
-  assert_trees_close(y, expected, depth=1)
-
 
 def test_axis_name_reduces_a_shared_collection():
   def normalize(scope, x):
