@@ -694,7 +694,7 @@ def test_functional_init_and_apply_like_flax():
   check_linen_parity(run)
 
 
-@pytest.mark.tracer_leaks_in_jax  # JAX's partial evaluation keeps the effect's tracers (Flax too)
+@pytest.mark.tracer_leaks_outside  # JAX's partial evaluation keeps the effect's tracers (Flax too)
 def test_lazy_init_like_flax_without_running_the_forward_pass():
   ran = []
 
