@@ -100,8 +100,9 @@ def variants(cfg: Config, depth: int, scanned: bool, x: Any) -> dict[str, tuple]
 
 
 def trace_seconds(fn: Callable[..., Any], *args: Any) -> float:
+  fresh = lambda *a: fn(*a)  # a new function each time: JAX caches traces by function
   start = time.perf_counter()
-  jax.make_jaxpr(fn)(*args)
+  jax.make_jaxpr(fresh)(*args)
   return time.perf_counter() - start
 
 
