@@ -214,6 +214,13 @@ def commit(roots: Sequence[Scope], out_groups: VariableGroups):
           root.put_variable(col, name, value)
 
 
+def _invalidate_alive(created: list[weakref.ref[Scope]]) -> None:
+  for ref in created:
+    inner = ref()
+    if inner is not None:
+      inner.invalidate()
+
+
 def _validated(filters: Sequence[Filter], kind: str, name: str | None) -> tuple[Filter, ...]:
   where = f'the {kind} of the lifted `{name or "pack"}`'
   return tuple(validate_filter(f, where) for f in filters)
@@ -269,10 +276,7 @@ def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
     try:
       result = fn(scope_fn, repack_fn, variable_groups, rng_groups, *args, **kwargs)
     finally:
-      for ref in created:
-        inner = ref()
-        if inner is not None:
-          inner.invalidate()
+      _invalidate_alive(created)
     if not (isinstance(result, (tuple, list)) and len(result) == 2):
       raise errors.PackProtocolError(_NOT_A_PAIR.format(name=name or 'pack',
                                                         got=type(result).__name__))
