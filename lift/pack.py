@@ -215,6 +215,12 @@ def commit(roots: Sequence[Scope], out_groups: VariableGroups):
 
 
 def _invalidate_alive(created: list[weakref.ref[Scope]]) -> None:
+  """Invalidates the scopes ``scope_fn`` made that are still referenced.
+
+  They are held weakly: a scope made in a trace that ends before the transform
+  returns (a while_loop's condition, never repacked) must not keep that trace's
+  values alive.
+  """
   for ref in created:
     inner = ref()
     if inner is not None:
@@ -268,8 +274,6 @@ def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
       raise errors.TransformArgumentError(_NO_KWARGS.format(name=name, names=sorted(kwargs)))
     lifted = dedup_scopes(scope_tree, name)
     variable_groups, rng_groups = filter_groups(lifted.roots, spec)
-    # Weak: a scope made in a trace that ends before `fn` returns (a while_loop's
-    # condition, never repacked) must not keep that trace's values alive.
     created: list[weakref.ref[Scope]] = []
     scope_fn = functools.partial(reconstruct, lifted, spec, created)
     repack_fn = functools.partial(repack, lifted, spec)

@@ -10,6 +10,7 @@ from lift import errors as lift_errors
 from lift import loops
 from linen_ext import errors
 
+from tests.linen_ext.stacks.test_scan_layers import Layers
 from tests.misuse import both, case
 
 KEY = jax.random.key(0)
@@ -114,22 +115,6 @@ LAYOUTS = [
 
 
 # -- scan_layers ----------------------------------------------------------------------------
-
-class Layers(nn.Module):
-  """scan_layers over the layers ``make()`` returns; ``loop`` runs the Python loop instead."""
-  make: object
-
-  def setup(self):
-    self.layers = self.make()
-
-  def __call__(self, x):
-    return nn.scan_layers(self.layers, x)
-
-  def loop(self, x):
-    for layer in self.layers:
-      x = layer(x)
-    return x
-
 
 def _scan_layers(make, corrupt=lambda v: v):
   return lambda: Layers(make).apply(corrupt(Layers(make).init(KEY, X, method='loop')), X)
