@@ -41,7 +41,7 @@ from linen_ext.layers import (RNN, BatchNorm, Bidirectional, Conv, ConvLocal, Co
                               FlaxLayer, FlaxModule, Fp8DirectDotGeneralOp, Fp8DotGeneral,
                               Fp8DotGeneralOp, Fp8Einsum, GroupNorm, GRUCell, InstanceNorm,
                               LayerNorm, LSTMCell, MGUCell, MultiHeadAttention,
-                              MultiHeadDotProductAttention, NANOOFp8DotGeneralOp,
+                              MultiHeadDotProductAttention, NANOOFp8DotGeneralOp, NativeLayer,
                               OptimizedLSTMCell, PReLU, RMSNorm, RNNCellBase, SelfAttention,
                               Sequential, SimpleCell, SpectralNorm, WeightNorm, flip_sequences,
                               from_flax)

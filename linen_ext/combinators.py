@@ -3,6 +3,6 @@
 >>> nn.combinators.Sequential is nn.Sequential
 True
 """
-from linen_ext.layers.flax_layers import Sequential
+from linen_ext.layers.ready_made import Sequential
 
 __all__ = ['Sequential']

@@ -6,7 +6,7 @@ True
 from flax.linen.linear import (PromoteDtypeFn, canonicalize_padding, default_embed_init,
                                default_kernel_init)
 
-from linen_ext.layers.flax_layers import Conv, ConvLocal, ConvTranspose, Dense, DenseGeneral, Einsum, Embed
+from linen_ext.layers.ready_made import Conv, ConvLocal, ConvTranspose, Dense, DenseGeneral, Einsum, Embed
 
 __all__ = ['Conv', 'ConvLocal', 'ConvTranspose', 'Dense', 'DenseGeneral', 'Einsum', 'Embed',
            'PromoteDtypeFn', 'canonicalize_padding', 'default_embed_init', 'default_kernel_init']

@@ -3,7 +3,7 @@
 >>> nn.recurrent.LSTMCell is nn.LSTMCell
 True
 """
-from linen_ext.layers.flax_cells import (ConvLSTMCell, GRUCell, LSTMCell, MGUCell,
+from linen_ext.layers.cells import (ConvLSTMCell, GRUCell, LSTMCell, MGUCell,
                                          OptimizedLSTMCell, SimpleCell)
 from linen_ext.layers.recurrent import RNN, Bidirectional, RNNCellBase, flip_sequences
 

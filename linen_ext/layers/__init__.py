@@ -1,16 +1,19 @@
 """Ready-made layers, and the adapter that runs any `flax.linen` module inside a Module.
 
-Files: `flax_layers` (``Dense``, ``LayerNorm``, ... with Flax's fields,
-each running the `flax.linen` layer of its name through the adapter), `flax_cells`
-(``LSTMCell``, ``GRUCell``, ...), `flax_adapter`
+Files: `native` (`NativeLayer`: a layer with a `flax.linen` layer's fields that runs
+its code on our scopes), `ready_made` (``Dense``, ``LayerNorm``, ... native), `cells`
+(``LSTMCell``, ``GRUCell``, ... native), `flax_layer` (`FlaxLayer`, which runs a
+flax layer through the adapter instead), `flax_adapter`
 (``from_flax`` and the machinery it shares with them), `weight_norms` (``WeightNorm``,
 ``SpectralNorm``), `recurrent` (``RNN``, ``Bidirectional``).
 """
 from linen_ext.layers.flax_adapter import FlaxModule, from_flax
-from linen_ext.layers.flax_cells import (ConvLSTMCell, GRUCell, LSTMCell, MGUCell,
+from linen_ext.layers.cells import (ConvLSTMCell, GRUCell, LSTMCell, MGUCell,
                                          OptimizedLSTMCell, SimpleCell)
-from linen_ext.layers.flax_layers import (BatchNorm, Conv, ConvLocal, ConvTranspose, Dense,
-                                          DenseGeneral, Dropout, Einsum, Embed, FlaxLayer,
+from linen_ext.layers.flax_layer import FlaxLayer
+from linen_ext.layers.native import NativeLayer
+from linen_ext.layers.ready_made import (BatchNorm, Conv, ConvLocal, ConvTranspose, Dense,
+                                          DenseGeneral, Dropout, Einsum, Embed,
                                           Fp8DirectDotGeneralOp, Fp8DotGeneral, Fp8DotGeneralOp,
                                           Fp8Einsum, GroupNorm, InstanceNorm, LayerNorm,
                                           MultiHeadAttention, MultiHeadDotProductAttention,
@@ -23,7 +26,7 @@ __all__ = ['BatchNorm', 'Bidirectional', 'Conv', 'ConvLocal', 'ConvLSTMCell', 'C
            'Dense', 'DenseGeneral', 'Dropout', 'Einsum', 'Embed', 'FlaxLayer', 'FlaxModule',
            'Fp8DirectDotGeneralOp', 'Fp8DotGeneral', 'Fp8DotGeneralOp', 'Fp8Einsum',
            'GroupNorm', 'GRUCell', 'InstanceNorm', 'LayerNorm', 'LSTMCell', 'MGUCell',
-           'MultiHeadAttention', 'MultiHeadDotProductAttention', 'NANOOFp8DotGeneralOp',
+           'MultiHeadAttention', 'MultiHeadDotProductAttention', 'NANOOFp8DotGeneralOp', 'NativeLayer',
            'OptimizedLSTMCell', 'PReLU', 'RMSNorm', 'RNN', 'RNNCellBase', 'SelfAttention',
            'Sequential', 'SimpleCell', 'SpectralNorm', 'WeightNorm', 'flip_sequences',
            'from_flax']

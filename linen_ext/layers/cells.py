@@ -1,29 +1,23 @@
-"""The ready-made recurrent cells (`LSTMCell`, `GRUCell`, ...): Flax's cells through the adapter,
-with Flax's fields, ``initialize_carry`` and ``num_feature_axes``; `RNN` loops them."""
+"""The ready-made recurrent cells (`LSTMCell`, `GRUCell`, ...): Flax's cells, native (see
+`NativeLayer`), with Flax's fields, ``initialize_carry`` and ``num_feature_axes``;
+`RNN` loops them."""
 from __future__ import annotations
 
 import flax.linen as flax_nn
-import jax
+from flax.linen import recurrent as flax_recurrent
 
-from linen_ext.layers.flax_layers import FlaxLayer
-from linen_ext.module.method_wrapping import nowrap
+from linen_ext.layers.native import NativeLayer
+import linen_ext.layers.ready_made  # noqa: F401  (registers Dense and Conv, which cells build)
+from linen_ext.layers.recurrent import RNNCellBase
 
 
-class _RecurrentCell(FlaxLayer):
+class DenseParams(NativeLayer):
+  """The kernel and bias of a `Dense`, returned unused (`OptimizedLSTMCell` fuses them)."""
+  flax_class = flax_recurrent.DenseParams
 
-  @nowrap
-  def initialize_carry(self, rng: jax.Array, input_shape: tuple[int, ...]):
-    """The initial carry for inputs of ``input_shape`` (as the flax cell).
 
-    Examples:
-      >>> carry = LSTMCell(4).initialize_carry(jax.random.key(0), (2, 3))
-    """
-    return self.to_flax().initialize_carry(rng, input_shape)
-
-  @property
-  def num_feature_axes(self) -> int:
-    """How many trailing axes of the input are features (1 but for `ConvLSTMCell`)."""
-    return self.to_flax().num_feature_axes
+class _RecurrentCell(NativeLayer, RNNCellBase):
+  """A native cell is a `RNNCellBase`, so user code can test for one."""
 
 
 class LSTMCell(_RecurrentCell):

@@ -1,95 +1,27 @@
-"""Ready-made layers with Flax's constructor arguments, methods and values.
+"""The ready-made layers: Flax's layers, native (see `NativeLayer`).
 
-Each class but `Dropout` runs the `flax.linen` layer of the same name through
-`run_flax` (see ``flax_adapter``): its dataclass fields are copied from the
-flax class, so every flax option works and values equal flax's by construction.
-`Dropout` is native because its key is drawn on every call: a native layer
-continues the scope's counter across repeated calls exactly as flax does.
+Each class takes the fields and runs the method code of the `flax.linen` layer of
+its name directly on its own scope, so every flax option works and values equal
+flax's by construction; ``Sequential`` is written here. `from_flax` runs any
+other flax module through the adapter.
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import flax.linen as flax_nn
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from linen_ext import errors
-from linen_ext.layers.flax_adapter import run_flax
-from linen_ext.module.method_wrapping import compact, nowrap
+from linen_ext.layers.native import NativeLayer, native_function
 from linen_ext.module.core import Module
+from linen_ext.module.method_wrapping import compact
 
 
-def _copy_flax_fields(cls: type, flax_class: type) -> None:
-  """Declares on ``cls`` the dataclass fields of ``flax_class`` (minus parent and name)."""
-  annotations = dict(cls.__dict__.get('__annotations__', {}))
-  for f in dataclasses.fields(flax_class):
-    if not f.init or f.name in ('parent', 'name'):
-      continue
-    annotations[f.name] = Any
-    setattr(cls, f.name, dataclasses.field(default=f.default, default_factory=f.default_factory))
-  cls.__annotations__ = annotations
-
-
-def _as_flax(value: Any) -> Any:
-  """A ready-made layer class given as a field (``dot_general_cls=Fp8DotGeneral``) as flax's."""
-  if isinstance(value, type) and issubclass(value, FlaxLayer) and 'flax_class' in vars(value):
-    return value.flax_class
-  return value
-
-
-class FlaxLayer(Module):
-  """Base of the ready-made layers: ``flax_class`` gives the fields and does the work.
-
-  Not needed to use a flax module once: `from_flax` wraps any instance.
-
-  Examples:
-    >>> class MyDense(FlaxLayer):
-    ...   flax_class = flax_nn.Dense
-    >>> jax.tree.map(jnp.shape, MyDense(2).init(jax.random.key(0), jnp.ones((1, 3))))
-    {'params': {'bias': (2,), 'kernel': (3, 2)}}
-  """
-  flax_class: ClassVar[type]
-  _summary_role: ClassVar[str] = 'row_over_flax'
-
-  def __init_subclass__(cls, **kwargs):
-    if 'flax_class' in cls.__dict__:
-      _copy_flax_fields(cls, cls.flax_class)
-    super().__init_subclass__(**kwargs)
-
-  @nowrap
-  def to_flax(self) -> flax_nn.Module:
-    """The equivalent detached `flax.linen` module.
-
-    Examples:
-      >>> Dense(3).to_flax()
-      Dense(...)
-    """
-    fields = {f.name: _as_flax(getattr(self, f.name)) for f in dataclasses.fields(self)
-              if f.init and f.name not in ('parent', 'name')}
-    return self.flax_class(**fields, parent=None)
-
-  def _capture(self, method_name, y):
-    del method_name, y  # flax captures the layer's own intermediates
-
-  def _named_scope(self, method_name):
-    del method_name  # flax names the layer's calls (and its submodules') itself
-    return contextlib.nullcontext()
-
-  @nowrap
-  def _run(self, method: str, args: tuple, kwargs: dict) -> Any:
-    scope = self._bound_scope(f'Calling `{type(self).__name__}.{method}`')
-    return run_flax(scope, self.to_flax(), method, args, kwargs)
-
-  def __call__(self, *args, **kwargs):
-    return self._run('__call__', args, kwargs)
-
-
-class Dense(FlaxLayer):
+class Dense(NativeLayer):
   """`flax.linen.Dense`: ``y = x @ kernel + bias``.
 
   Not for contracting several axes or producing several: use `DenseGeneral`.
@@ -101,7 +33,7 @@ class Dense(FlaxLayer):
   flax_class = flax_nn.Dense
 
 
-class DenseGeneral(FlaxLayer):
+class DenseGeneral(NativeLayer):
   """`flax.linen.DenseGeneral`: a dense layer over several axes.
 
   Not needed for one input and one output axis: `Dense` is that layer.
@@ -113,7 +45,7 @@ class DenseGeneral(FlaxLayer):
   flax_class = flax_nn.DenseGeneral
 
 
-class Conv(FlaxLayer):
+class Conv(NativeLayer):
   """`flax.linen.Conv` (padding 'SAME', 'VALID', 'CIRCULAR', 'CAUSAL', ...).
 
   Not for unshared weights per position (`ConvLocal`) or upsampling (`ConvTranspose`).
@@ -127,7 +59,7 @@ class Conv(FlaxLayer):
   flax_class = flax_nn.Conv
 
 
-class Embed(FlaxLayer):
+class Embed(NativeLayer):
   """`flax.linen.Embed`; ``attend(query)`` is the transposed lookup.
 
   Not for continuous inputs: an embedding looks rows up by integer id; use `Dense`.
@@ -139,12 +71,9 @@ class Embed(FlaxLayer):
   """
   flax_class = flax_nn.Embed
 
-  def attend(self, query):
-    """``query @ embedding.T``: logits over the vocabulary (``embed.attend(h)``)."""
-    return self._run('attend', (query,), {})
 
 
-class LayerNorm(FlaxLayer):
+class LayerNorm(NativeLayer):
   """`flax.linen.LayerNorm`.
 
   Not for normalising with statistics over the batch: use `BatchNorm`.
@@ -156,7 +85,7 @@ class LayerNorm(FlaxLayer):
   flax_class = flax_nn.LayerNorm
 
 
-class RMSNorm(FlaxLayer):
+class RMSNorm(NativeLayer):
   """`flax.linen.RMSNorm`.
 
   Not when the mean should be subtracted too: use `LayerNorm`.
@@ -168,7 +97,7 @@ class RMSNorm(FlaxLayer):
   flax_class = flax_nn.RMSNorm
 
 
-class BatchNorm(FlaxLayer):
+class BatchNorm(NativeLayer):
   """`flax.linen.BatchNorm`; running statistics live in 'batch_stats'.
 
   Not for small batches, whose statistics are noisy: use `LayerNorm` or `GroupNorm`.
@@ -182,7 +111,7 @@ class BatchNorm(FlaxLayer):
   flax_class = flax_nn.BatchNorm
 
 
-class GroupNorm(FlaxLayer):
+class GroupNorm(NativeLayer):
   """`flax.linen.GroupNorm`: normalizes over groups of channels (``num_groups`` or ``group_size``).
 
   Not needed with one channel per group: that is `InstanceNorm`.
@@ -194,7 +123,7 @@ class GroupNorm(FlaxLayer):
   flax_class = flax_nn.GroupNorm
 
 
-class InstanceNorm(FlaxLayer):
+class InstanceNorm(NativeLayer):
   """`flax.linen.InstanceNorm`: normalizes each example's features over the other axes.
 
   Not for inputs with no axis between batch and features: use `LayerNorm`.
@@ -206,7 +135,7 @@ class InstanceNorm(FlaxLayer):
   flax_class = flax_nn.InstanceNorm
 
 
-class ConvTranspose(FlaxLayer):
+class ConvTranspose(NativeLayer):
   """`flax.linen.ConvTranspose`: the transposed (fractionally strided) convolution.
 
   Not for downsampling: use `Conv` with ``strides``.
@@ -219,7 +148,7 @@ class ConvTranspose(FlaxLayer):
   flax_class = flax_nn.ConvTranspose
 
 
-class ConvLocal(FlaxLayer):
+class ConvLocal(NativeLayer):
   """`flax.linen.ConvLocal`: a convolution with unshared weights per output position.
 
   Not when weights should be shared across positions: `Conv` has far fewer.
@@ -232,7 +161,7 @@ class ConvLocal(FlaxLayer):
   flax_class = flax_nn.ConvLocal
 
 
-class Einsum(FlaxLayer):
+class Einsum(NativeLayer):
   """`flax.linen.Einsum`: ``einsum(einsum_str, x, kernel) + bias`` with a kernel of ``shape``.
 
   Not needed for a matmul over the last axis: `Dense` says it shorter.
@@ -245,7 +174,7 @@ class Einsum(FlaxLayer):
   flax_class = flax_nn.Einsum
 
 
-class PReLU(FlaxLayer):
+class PReLU(NativeLayer):
   """`flax.linen.PReLU`: leaky ReLU with a learned negative slope.
 
   Not needed for a fixed slope: use `nn.leaky_relu`.
@@ -257,7 +186,7 @@ class PReLU(FlaxLayer):
   flax_class = flax_nn.PReLU
 
 
-class MultiHeadDotProductAttention(FlaxLayer):
+class MultiHeadDotProductAttention(NativeLayer):
   """`flax.linen.MultiHeadDotProductAttention` (decode cache in 'cache').
 
   Not for models decoded with `nn.as_scan`: use `nn.causal_self_attention` there.
@@ -271,7 +200,7 @@ class MultiHeadDotProductAttention(FlaxLayer):
   flax_class = flax_nn.MultiHeadDotProductAttention
 
 
-class SelfAttention(FlaxLayer):
+class SelfAttention(NativeLayer):
   """`flax.linen.SelfAttention`.
 
   Flax deprecates it: not for new code, use `MultiHeadDotProductAttention` on one input.
@@ -283,8 +212,21 @@ class SelfAttention(FlaxLayer):
   """
   flax_class = flax_nn.SelfAttention
 
+  @compact
+  def __call__(self, inputs_q, mask=None, deterministic=None, dropout_rng=None,
+               sow_weights=False):
+    """Attends ``inputs_q`` to itself, with Flax's deprecation warning."""
+    warnings.warn('SelfAttention will be deprecated soon. Use '
+                  '`MultiHeadDotProductAttention.__call__(inputs_q)` instead.',
+                  DeprecationWarning, stacklevel=2)
+    return _attend(self, inputs_q, mask=mask, deterministic=deterministic,
+                   dropout_rng=dropout_rng, sow_weights=sow_weights)
 
-class MultiHeadAttention(FlaxLayer):
+
+_attend = native_function(flax_nn.MultiHeadDotProductAttention.__call__, 'SelfAttention')
+
+
+class MultiHeadAttention(NativeLayer):
   """`flax.linen.MultiHeadAttention`: `MultiHeadDotProductAttention` under its own auto-name.
 
   Not needed unless a ported checkpoint uses its name: else use `MultiHeadDotProductAttention`.
@@ -298,7 +240,7 @@ class MultiHeadAttention(FlaxLayer):
   flax_class = flax_nn.MultiHeadAttention
 
 
-class Fp8DotGeneralOp(FlaxLayer):
+class Fp8DotGeneralOp(NativeLayer):
   """`flax.linen.Fp8DotGeneralOp`: a ``dot_general`` through fp8 with scaled quantization.
 
   Its scales and amax histories live in the ``_overwrite_with_gradient`` collection.
@@ -312,7 +254,7 @@ class Fp8DotGeneralOp(FlaxLayer):
   flax_class = flax_nn.Fp8DotGeneralOp
 
 
-class Fp8DirectDotGeneralOp(FlaxLayer):
+class Fp8DirectDotGeneralOp(NativeLayer):
   """`flax.linen.Fp8DirectDotGeneralOp`; `Fp8DotGeneral` is its other name.
 
   Not for hardware without fp8 matmuls: keep the default ``dot_general`` there.
@@ -328,7 +270,7 @@ class Fp8DirectDotGeneralOp(FlaxLayer):
 Fp8DotGeneral = Fp8DirectDotGeneralOp
 
 
-class NANOOFp8DotGeneralOp(FlaxLayer):
+class NANOOFp8DotGeneralOp(NativeLayer):
   """`flax.linen.NANOOFp8DotGeneralOp`: `Fp8DotGeneralOp` with the fnuz fp8 types.
 
   Not for hardware whose fp8 types are not the fnuz ones: use `Fp8DotGeneralOp`.
@@ -341,7 +283,7 @@ class NANOOFp8DotGeneralOp(FlaxLayer):
   flax_class = flax_nn.NANOOFp8DotGeneralOp
 
 
-class Fp8Einsum(FlaxLayer):
+class Fp8Einsum(NativeLayer):
   """`flax.linen.Fp8Einsum`: ``jnp.einsum`` through fp8, called as ``(eqn, lhs, rhs)``.
 
   Not for hardware without fp8 matmuls: keep the default ``dot_general`` there.
@@ -355,7 +297,7 @@ class Fp8Einsum(FlaxLayer):
   flax_class = flax_nn.Fp8Einsum
 
 
-class Dropout(Module):
+class Dropout(NativeLayer):
   """Zeroes inputs with probability ``rate`` (rescaling the rest), as `flax.linen.Dropout`.
 
   Not active at evaluation: with ``deterministic=True`` it returns its input.
@@ -366,25 +308,7 @@ class Dropout(Module):
     >>> sorted(set(y.ravel().tolist()))   # kept values are scaled by 1 / (1 - rate)
     [0.0, 2.0]
   """
-  rate: float
-  broadcast_dims: tuple[int, ...] = ()
-  deterministic: bool | None = None
-  rng_collection: str = 'dropout'
-
-  @compact
-  def __call__(self, inputs, deterministic: bool | None = None, rng: jax.Array | None = None):
-    deterministic = flax_nn.merge_param('deterministic', self.deterministic, deterministic)
-    if self.rate == 0.0 or deterministic:
-      return inputs
-    if self.rate == 1.0:  # keeps gradients finite
-      return jnp.zeros_like(inputs)
-    keep_prob = 1.0 - self.rate
-    if rng is None:
-      rng = self.make_rng(self.rng_collection)
-    dims = {d % inputs.ndim for d in self.broadcast_dims}
-    shape = [1 if d in dims else n for d, n in enumerate(inputs.shape)]
-    mask = jnp.broadcast_to(jax.random.bernoulli(rng, p=keep_prob, shape=shape), inputs.shape)
-    return lax.select(mask, inputs / keep_prob, jnp.zeros_like(inputs))
+  flax_class = flax_nn.Dropout
 
 
 class Sequential(Module):
