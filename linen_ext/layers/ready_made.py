@@ -12,8 +12,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.linen as flax_nn
-import jax
-import jax.numpy as jnp
 
 from linen_ext import errors
 from linen_ext.layers.native import NativeLayer, native_function
