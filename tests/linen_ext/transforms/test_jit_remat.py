@@ -147,6 +147,43 @@ def test_jit_traces_once_per_input_structure():
   assert len(traces) == 2  # later applies reuse them
 
 
+def test_jitted_block_of_layers_that_draw_keys_traces_once_per_variable_structure():
+  """Ready-made layers draw their keys natively, so the draw counts are traced values:
+  3 calls of one jitted block trace twice at init (the call that creates the
+  variables, and the calls that read them: two input structures) and once at apply.
+  (flax.linen's nn.jit traces 3 times in each, once per draw count.)"""
+  traces = []
+
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      traces.append(x.shape)
+      x = nn.Dropout(0.5, deterministic=False)(nn.Dense(4)(x))
+      attention = nn.MultiHeadDotProductAttention(num_heads=2, dropout_rate=0.5,
+                                                  deterministic=False)
+      return nn.LayerNorm()(x + attention(x[None])[0])  # attends over the 2 rows
+
+  jitted = nn.jit(Block)
+
+  def make(jit):
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        block = (jitted if jit else Block)(name='block')
+        return [x := block(x) for _ in range(3)]
+    return Model()
+
+  variables = make(jit=True).init(RNGS, X)
+  assert len(traces) == 2
+  traces.clear()
+  y = make(jit=True).apply(variables, X, rngs=RNGS)
+  other = make(jit=True).apply(variables, X, rngs={**RNGS, 'dropout': jax.random.key(9)})
+  assert len(traces) == 1
+  assert not np.allclose(y[-1], other[-1])  # the keys are inputs of that one trace
+  assert_trees_equal(variables, make(jit=False).init(RNGS, X))
+  assert_trees_close(y, make(jit=False).apply(variables, X, rngs=RNGS), depth=8)
+
+
 def test_jit_draws_the_keys_of_the_unjitted_model():
   def make(nn, jit):
     class Block(nn.Module):
