@@ -8,7 +8,8 @@ kept in a cache keyed by them.
 
 Only keys built from plain values are cached: a function's code with the values
 it closes over and its defaults, or a `functools.partial`, where every value is
-a number, string, dtype, class, ``None`` or a tuple of those. Anything else (an
+a number, string, dtype, class, ``None`` or a tuple or list of those (a shape
+given as a list, as `LayerNorm` gives it). Anything else (an
 array argument, a bound method, an object with state) is traced every time, as
 before, so a cached answer can never be stale.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax.core import meta
 
 _CACHE_SIZE = 4096
 _MAX_DEPTH = 8
@@ -39,8 +41,8 @@ def _plain(value: Any, depth: int = 0) -> Hashable:
     return type(value), value
   if isinstance(value, type):  # a dtype given as its scalar type: jnp.float32, float
     return type, value
-  if isinstance(value, tuple):
-    return tuple, tuple(_plain(v, depth + 1) for v in value)
+  if isinstance(value, (tuple, list)):  # a list is read now, as the initializer reads it
+    return type(value), tuple(_plain(v, depth + 1) for v in value)
   if isinstance(value, (types.FunctionType, functools.partial)):
     return _function_key(value, depth + 1)
   raise _NotPlain
@@ -70,14 +72,16 @@ def _key(init_fn: Callable, init_args: tuple, init_kwargs: dict) -> Hashable | N
 
 
 def _trace(init_fn: Callable, init_args: tuple, init_kwargs: dict) -> Any:
-  return jax.eval_shape(lambda: init_fn(jax.random.key(0), *init_args, **init_kwargs))
+  shapes = jax.eval_shape(lambda: init_fn(jax.random.key(0), *init_args, **init_kwargs))
+  return meta.unbox(shapes)
 
 
 _cache: dict[Hashable, Any] = {}
 
 
 def expected_shapes(init_fn: Callable, init_args: tuple, init_kwargs: dict) -> Any:
-  """The `jax.ShapeDtypeStruct` tree ``init_fn(key, *init_args, **init_kwargs)`` makes.
+  """The `jax.ShapeDtypeStruct` tree ``init_fn(key, *init_args, **init_kwargs)`` makes,
+  without axis-metadata boxes.
 
   Examples:
     >>> import jax.numpy as jnp

@@ -36,6 +36,11 @@ def copy_structure(tree: Any) -> Any:
   return tree
 
 
+def unboxed(value: Any) -> Any:
+  """``value`` without its axis-metadata boxes (an array, the usual case, as it is)."""
+  return value if isinstance(value, jax.Array) else meta.unbox(value)
+
+
 class Variable(Generic[T]):
   """A handle on one variable of a scope: ``.value`` reads and writes it.
 
@@ -58,7 +63,7 @@ class Variable(Generic[T]):
   @property
   def value(self) -> T:
     value = self.scope.get_variable(self.collection, self.name)
-    return meta.unbox(value) if self.unbox else value
+    return unboxed(value) if self.unbox else value
 
   @value.setter
   def value(self, value: T):
@@ -352,7 +357,7 @@ class Scope:
     self.reserve(name, 'params')
     if self.has_variable('params', name):
       value = self.get_variable('params', name)
-      self._check_param_shape(name, value, init_fn, init_args, init_kwargs)
+      self._check_param_shape(name, unboxed(value), init_fn, init_args, init_kwargs)
     else:
       if not self.is_mutable_collection('params'):
         self.check_lifted('params', name)
@@ -361,17 +366,19 @@ class Scope:
         raise errors.MissingParamError(name, self.path_text)
       value = init_fn(self.make_rng('params'), *init_args, **init_kwargs)
       self.put_variable('params', name, value)
-    return meta.unbox(value) if unbox else value
+    return unboxed(value) if unbox else value
 
   def _check_param_shape(self, name, value, init_fn, init_args, init_kwargs):
+    """``value`` (unboxed) against the shapes ``init_fn`` makes."""
     expected = param_shapes.expected_shapes(init_fn, init_args, init_kwargs)
-    have_tree = jax.tree.structure(meta.unbox(value))
-    want_tree = jax.tree.structure(meta.unbox(expected))
-    if have_tree != want_tree:  # type: ignore[operator]  # jaxlib ships no PyTreeDef stubs
-      raise errors.ParamStructureError(name, self.path_text, _describe(meta.unbox(value)),
-                                       _describe(meta.unbox(expected)))
-    for have, want in zip(jax.tree_util.tree_leaves(meta.unbox(value)),
-                          jax.tree_util.tree_leaves(meta.unbox(expected))):
+    if isinstance(expected, jax.ShapeDtypeStruct) and isinstance(value, jax.Array):
+      pairs = [(value, expected)]  # one array, the usual parameter: no tree walk
+    elif jax.tree.structure(value) != jax.tree.structure(expected):  # type: ignore[operator]
+      raise errors.ParamStructureError(name, self.path_text, _describe(value),
+                                       _describe(expected))
+    else:
+      pairs = list(zip(jax.tree.leaves(value), jax.tree.leaves(expected)))
+    for have, want in pairs:
       if np.shape(have) != np.shape(want):
         raise errors.ParamShapeError(name, self.path_text, np.shape(have), np.shape(want))
 

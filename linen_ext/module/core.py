@@ -40,8 +40,8 @@ from linen_ext import errors
 
 from linen_ext.module import named_call
 from linen_ext.module.state import UNINITIALIZED, ModuleState, SetupState, context
-from linen_ext.module.foreign import (flax_errors_as_ours, is_flax_scope, scope_over_flax_scope,
-                                      wrap_foreign_modules)
+from linen_ext.module.foreign import (FOREIGN_MODULES, flax_errors_as_ours, is_flax_scope,
+                                      scope_over_flax_scope, wrap_foreign_modules)
 from linen_ext.module.interception import run_intercepted
 from linen_ext.module.method_wrapping import compact, fn_name, wrap_method
 from linen_ext.describe import module_repr
@@ -217,6 +217,9 @@ class Module(VariablesMixin, EntryMixin, _DataclassBase):
     # Outside modules adopted under one root keep their sharing: the same instance
     # passed twice becomes one clone (by instance id), kept on the root scope.
     assert self.scope is not None, 'a module adopts submodules once bound'
+    if not isinstance(value, (Module, Mapping, list, tuple, *FOREIGN_MODULES)):
+      object.__setattr__(self, name, value)  # nothing to adopt (most fields of most layers)
+      return
     cache = self.scope.root.client_cache.setdefault('adopted_modules', {})
     preserve = getattr(type(self), 'preserve_adopted_names', flax_config.flax_preserve_adopted_names)
     queue = []

@@ -145,14 +145,15 @@ def counting_normal(scale):
   return init
 
 
-@pytest.mark.parametrize('arg, traced_per_apply', [
-    (0.5, 0),                  # plain arguments: the shapes are computed once, then cached
-    (jnp.float32(0.5), 1),     # an array argument: traced on every apply
+@pytest.mark.parametrize('arg, shape_type, traced_per_apply', [
+    (0.5, tuple, 0),               # plain arguments: the shapes are computed once, then cached
+    (0.5, list, 0),                # a shape given as a list (as LayerNorm gives it), too
+    (jnp.float32(0.5), tuple, 1),  # an array argument: traced on every apply
 ])
 def test_param_shape_check_runs_the_initializer_once_per_initializer_and_arguments(
-    arg, traced_per_apply):
+    arg, shape_type, traced_per_apply):
   def model(scope, x, scale):
-    kernel = scope.param('kernel', counting_normal(scale), (x.shape[-1], 3))
+    kernel = scope.param('kernel', counting_normal(scale), shape_type((x.shape[-1], 3)))
     return x @ kernel
   _, variables = lift.init(model)(KEY, X, arg)
   lift.apply(model)(variables, X, arg)
