@@ -187,6 +187,8 @@ def make_train_step(model, optimizer, task: Addition, batch: int, data_key, mesh
     tokens = task.train_batch(jax.random.fold_in(data_key, step), batch)
     tokens = jax.lax.with_sharding_constraint(tokens, mesh_lib.batch_sharding(mesh))
     loss, grads = jax.value_and_grad(answer_loss)(state['params'], model, tokens, task)
+    # Gradients in the layout of their params: reduce-scattered over the data axis (FSDP).
+    grads = jax.lax.with_sharding_constraint(grads, shardings['params'])
     updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
     params = optax.apply_updates(state['params'], updates)
     return {'params': params, 'opt_state': opt_state}, loss
