@@ -181,3 +181,32 @@ def test_resume_on_another_mesh_continues_the_one_device_curve(results):
   assert results['resume'] == 'ok', results['resume']
   one_device = results['losses']['1']
   np.testing.assert_allclose(results['resumed losses'][:STEPS], one_device, rtol=1e-4)
+
+
+def _run_processes(out, *flags, timeout=120):
+  """The job with ``--processes 2``, 4 simulated devices each; returns the launcher's result."""
+  root = pathlib.Path(__file__).resolve().parents[1]
+  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=4',
+         'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': str(root)}
+  command = [sys.executable, str(EXAMPLE), *FAST, '--out', str(out), '--mesh', 'data=4,model=2',
+             '--processes', '2', '--process-timeout', '10', '--checkpoint-every', '100', *flags]
+  started = time.perf_counter()
+  proc = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True,
+                        timeout=timeout)
+  return proc, time.perf_counter() - started
+
+
+def test_two_processes_train_as_one_device(results, tmp_path):
+  proc, _ = _run_processes(tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.count('over 2 process(es)') == 2, proc.stdout[-2000:]
+  losses = json.loads((tmp_path / 'history.json').read_text())['loss']
+  np.testing.assert_allclose(losses[:STEPS], results['losses']['1'], rtol=1e-5)
+
+
+def test_a_lost_worker_ends_the_job_with_a_clear_message(tmp_path):
+  proc, seconds = _run_processes(tmp_path, '--crash-after-step', '0')
+  assert proc.returncode != 0
+  assert 'worker 1 exited with code 3; the other workers were stopped' in proc.stderr, \
+      proc.stderr[-3000:]
+  assert seconds < 30, seconds

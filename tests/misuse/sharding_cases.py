@@ -5,6 +5,7 @@ import jax.numpy as jnp
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
+import lift
 import linen_ext as nn
 from lift import errors
 
@@ -46,4 +47,26 @@ SHARDINGS = [
          'dimension 1 (size 6) does not divide into 4 parts (model=4)'),
 ]
 
-CASES = SHARDINGS
+
+
+def _dense(scope, x):
+  return x @ scope.param('w', jax.nn.initializers.ones, (x.shape[-1], 2))
+
+
+def _shard_map(mesh, spec):
+  return lift.shard_map(_dense, mesh=mesh, in_specs=P(), out_specs=P(),
+                        variable_specs={'params': spec}, split_rngs={'params': True})
+
+
+SHARD_MAP = [
+    case('shard_map variable_specs naming a mesh axis the mesh lacks', lambda: _shard_map(
+        jax.make_mesh((1,), ('data',), axis_types=(jax.sharding.AxisType.Auto,)), P('model')),
+         errors.MeshAxisError, "variable_specs['params']", 'mesh axis "model"', "('data',)"),
+    case('shard_map of a variable whose dimension does not divide over its mesh axis',
+         lambda: lift.apply(_shard_map(AbstractMesh((2,), ('model',)), P('model')))(
+             {'params': {'w': jnp.ones((3, 2))}}, jnp.ones((1, 3))),
+         errors.ShardingShapeError, 'variable params/w', 'shape (3, 2)',
+         'dimension 0 (size 3) does not divide into 2 parts (model=2)'),
+]
+
+CASES = SHARDINGS + SHARD_MAP
