@@ -368,7 +368,7 @@ def train(args, task, model, state, history, manager, mesh, shardings) -> tuple[
       done = step + 1
       if done == args.crash_after_step and args.process_id == args.processes - 1:
         os._exit(3)  # as a lost machine would: no clean shutdown
-      if done % args.eval_every == 0 or done == args.steps:
+      if (done % args.eval_every == 0 or done == args.steps) and jax.process_count() == 1:
         params = mesh_lib.local_params(state['params'])
         accuracy, _ = evaluate(model, params, problems, task, check=0)
         history['accuracy'].append([done, accuracy])
@@ -409,10 +409,11 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
                           console_kwargs={'width': 120, 'force_terminal': sys.stdout.isatty()})
     print(summary(jnp.zeros((1, task.length - 1), jnp.int32)))
   state, history = train(args, task, model, state, history, manager, mesh, shardings)
-  accuracy, matches = evaluate(model, mesh_lib.local_params(state['params']),
-                               task.eval_problems(args.eval_problems), task, check=16)
-  if jax.process_index() != 0:  # the first process writes the outputs
+  params = mesh_lib.local_params(state['params'])  # every process takes part in the gather
+  if jax.process_index() != 0:  # the first process evaluates and writes the outputs
     return None
+  accuracy, matches = evaluate(model, params, task.eval_problems(args.eval_problems), task,
+                               check=16)
   (args.out / 'history.json').write_text(json.dumps(history))
   png = args.out / 'train_lm.png'
   plot(history, png)
