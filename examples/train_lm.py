@@ -16,7 +16,11 @@ The main job of the project, end to end:
   the prompt prefilled in parallel, checked against decoding by recomputing the
   full model on every prefix;
 * orbax checkpoints every ``--checkpoint-every`` steps; ``--resume`` continues
-  from the latest with the same loss curve;
+  from the latest with the same loss curve, on the same mesh or another;
+* on a device mesh (``--mesh data=4,model=2``: FSDP x tensor parallelism), with
+  the variables created directly in their shards and the per-device memory of
+  params + optimizer state printed; over several processes (``--processes 2``,
+  `jax.distributed` on 127.0.0.1); examples/train_lm_mesh.py holds that part;
 * a model summary (`nn.tabulate`) at start and a PNG of the loss and accuracy.
 
 It ends with one line:
@@ -30,6 +34,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 import pathlib
 import sys
 import time
@@ -41,6 +46,9 @@ import numpy as np
 import optax
 
 import linen_ext as nn
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # its sibling module
+import train_lm_mesh as mesh_lib  # noqa: E402
 
 PLUS, EQUALS = 10, 11  # token ids; the digits are 0-9
 VOCAB = 12
@@ -97,6 +105,14 @@ class Addition:
 # ----------------------------------------------------------------------------- the model
 
 
+def named(init, *names):
+  """``init`` whose variables carry logical axis names (the mesh's rules shard them)."""
+  return nn.with_logical_partitioning(init, names)
+
+
+DEFAULT_KERNEL, ZEROS = nn.initializers.lecun_normal(), nn.initializers.zeros_init()
+
+
 class Block(nn.Module):
   """A pre-LN Transformer block: causal self-attention, then an MLP."""
   d_model: int
@@ -106,12 +122,17 @@ class Block(nn.Module):
   def __call__(self, x):  # [batch, length, d_model]
     h = nn.LayerNorm()(x)
     head_dim = self.d_model // self.heads
-    q, k, v = (nn.DenseGeneral((self.heads, head_dim), name=name)(h)
+    q, k, v = (nn.DenseGeneral((self.heads, head_dim), name=name,
+                               kernel_init=named(DEFAULT_KERNEL, 'embed', 'heads', 'kv'),
+                               bias_init=named(ZEROS, 'heads', 'kv'))(h)
                for name in ('query', 'key', 'value'))
     attended = nn.causal_self_attention(q, k, v)  # as_scan turns it into a KV cache
-    x = x + nn.DenseGeneral(self.d_model, axis=(-2, -1), name='out')(attended)
-    h = nn.Dense(4 * self.d_model)(nn.LayerNorm()(x))
-    return x + nn.Dense(self.d_model)(nn.gelu(h))
+    x = x + nn.DenseGeneral(self.d_model, axis=(-2, -1), name='out',
+                            kernel_init=named(DEFAULT_KERNEL, 'heads', 'kv', 'embed'))(attended)
+    h = nn.Dense(4 * self.d_model, kernel_init=named(DEFAULT_KERNEL, 'embed', 'mlp'),
+                 bias_init=named(ZEROS, 'mlp'))(nn.LayerNorm()(x))
+    return x + nn.Dense(self.d_model, kernel_init=named(DEFAULT_KERNEL, 'mlp', 'embed'))(
+        nn.gelu(h))
 
 
 class TransformerLM(nn.Module):
@@ -126,13 +147,16 @@ class TransformerLM(nn.Module):
   @nn.compact
   def __call__(self, tokens):
     length = tokens.shape[-1]
-    positions = self.param('positions', nn.initializers.normal(0.02),
+    positions = self.param('positions', named(nn.initializers.normal(0.02), 'length', 'embed'),
                            (self.max_length, self.d_model))
-    x = nn.Embed(self.vocab, self.d_model)(tokens) + positions[None, :length]
+    embed = nn.Embed(self.vocab, self.d_model,
+                     embedding_init=named(nn.linear.default_embed_init, 'vocab', 'embed'))
+    x = embed(tokens) + positions[None, :length]
     x = nn.Stacked(Block, self.depth, remat=self.remat,
                    block_kwargs={'d_model': self.d_model, 'heads': self.heads},
-                   name='blocks')(x)
-    return nn.Dense(self.vocab, name='head')(nn.LayerNorm()(x))
+                   metadata_params={nn.PARTITION_NAME: 'layers'}, name='blocks')(x)
+    head = nn.Dense(self.vocab, kernel_init=named(DEFAULT_KERNEL, 'embed', 'vocab'), name='head')
+    return head(nn.LayerNorm()(x))
 
 
 # ----------------------------------------------------------------------------- training
@@ -153,11 +177,18 @@ def answer_loss(params, model, tokens, task: Addition):
   return losses[:, task.prompt_length - 1:].mean()
 
 
-def make_train_step(model, optimizer, task: Addition, batch: int, data_key):
-  @jax.jit
+def make_train_step(model, optimizer, task: Addition, batch: int, data_key, mesh, shardings):
+  """The jitted step; its state keeps ``shardings``, its batch is split over ``data``."""
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+  @functools.partial(jax.jit, in_shardings=(shardings, replicated),
+                     out_shardings=(shardings, replicated))
   def train_step(state, step):
     tokens = task.train_batch(jax.random.fold_in(data_key, step), batch)
+    tokens = jax.lax.with_sharding_constraint(tokens, mesh_lib.batch_sharding(mesh))
     loss, grads = jax.value_and_grad(answer_loss)(state['params'], model, tokens, task)
+    # Gradients in the layout of their params: reduce-scattered over the data axis (FSDP).
+    grads = jax.lax.with_sharding_constraint(grads, shardings['params'])
     updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
     params = optax.apply_updates(state['params'], updates)
     return {'params': params, 'opt_state': opt_state}, loss
@@ -201,6 +232,8 @@ def evaluate(model, params, problems: np.ndarray, task: Addition, check: int):
   prompt, answer = problems[:, :task.prompt_length], problems[:, task.prompt_length:]
   decoded = np.asarray(decode(model, params, jnp.asarray(prompt), task.answer_length))
   accuracy = float(np.mean(np.all(decoded == answer, axis=1)))
+  if not check:
+    return accuracy, True
   reference = decode_by_recomputing(model, params, jnp.asarray(prompt[:check]),
                                     task.answer_length)
   return accuracy, bool(np.array_equal(decoded[:check], np.asarray(reference)))
@@ -222,12 +255,14 @@ def save(manager, step: int, state, history: dict) -> None:
 
 
 def restore(manager, state):
-  """The latest checkpoint as ``(step, state, history)``; ``state`` gives the structure."""
+  """The latest checkpoint as ``(step, state, history)``; ``state`` gives the structure and
+  the shardings to restore onto (whatever mesh the checkpoint was saved from)."""
   import orbax.checkpoint as ocp
   step = manager.latest_step()
   if step is None:
     raise SystemExit(f'--resume: no checkpoint in {manager.directory}; run without --resume first.')
-  abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  abstract = jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
   restored = manager.restore(step, args=ocp.args.Composite(
       state=ocp.args.StandardRestore(abstract), history=ocp.args.JsonRestore()))
   return step, restored['state'], restored['history']
@@ -291,6 +326,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help='end after this many steps, as if interrupted (continue with --resume)')
   run.add_argument('--out', type=pathlib.Path, default=pathlib.Path('runs/train_lm'),
                    help='directory for checkpoints, history and the plot')
+  scale = parser.add_argument_group('devices and processes')
+  scale.add_argument('--mesh', default=None,
+                     help='device mesh, e.g. data=4,model=2 (default: every device on data)')
+  scale.add_argument('--processes', type=int, default=1,
+                     help='processes joined with jax.distributed on 127.0.0.1')
+  scale.add_argument('--process-timeout', type=int, default=30,
+                     help='seconds to join the processes, and to stop them after one fails')
+  scale.add_argument('--process-id', type=int, default=None, help=argparse.SUPPRESS)
+  scale.add_argument('--coordinator', default=None, help=argparse.SUPPRESS)
+  scale.add_argument('--crash-after-step', type=int, default=None,  # for tests: a lost worker
+                     help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if not 0 <= args.warmup < args.steps:
     parser.error(f'--warmup {args.warmup} must be at least 0 and below --steps {args.steps}')
@@ -304,18 +350,11 @@ def build(args):
   return task, model
 
 
-def initial_state(model, optimizer, task: Addition, key):
-  @jax.jit  # one compiled program instead of one per operation
-  def create(key):
-    params = model.init(key, jnp.zeros((1, task.length - 1), jnp.int32))['params']
-    return {'params': params, 'opt_state': optimizer.init(params)}
-  return create(key)
-
-
-def train(args, task, model, state, history, manager) -> tuple[dict, dict]:
+def train(args, task, model, state, history, manager, mesh, shardings) -> tuple[dict, dict]:
   optimizer = make_optimizer(args)
   train_step = make_train_step(model, optimizer, task, args.batch,
-                               jax.random.key(args.seed + 1))
+                               jax.random.key(args.seed + 1), mesh, shardings)
+  print(mesh_lib.memory_report(train_step.lower(state, 0).compile(), state))
   problems = task.eval_problems(args.eval_problems)
   first, last = len(history['loss']), min(args.steps, args.stop_after or args.steps)
   tokens_per_step = args.batch * (task.length - 1)
@@ -327,8 +366,11 @@ def train(args, task, model, state, history, manager) -> tuple[dict, dict]:
       state, loss = train_step(state, step)
       history['loss'].append(float(loss))
       done = step + 1
-      if done % args.eval_every == 0 or done == args.steps:
-        accuracy, _ = evaluate(model, state['params'], problems, task, check=0)
+      if done == args.crash_after_step and args.process_id == args.processes - 1:
+        os._exit(3)  # as a lost machine would: no clean shutdown
+      if (done % args.eval_every == 0 or done == args.steps) and jax.process_count() == 1:
+        params = mesh_lib.local_params(state['params'])
+        accuracy, _ = evaluate(model, params, problems, task, check=0)
         history['accuracy'].append([done, accuracy])
         bar.update(shown, accuracy=f'{accuracy:.3f}')
       if done % args.checkpoint_every == 0 or done == last:
@@ -339,12 +381,25 @@ def train(args, task, model, state, history, manager) -> tuple[dict, dict]:
   return state, history
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
+def main(argv: Sequence[str] | None = None) -> dict | None:
   args = parse_args(argv)
+  if args.processes > 1 and args.process_id is None:
+    mesh_lib.launch(__file__, list(sys.argv[1:] if argv is None else argv), args.processes,
+                    args.process_timeout)
+    return None
+  if args.process_id is not None:
+    mesh_lib.initialize_worker(args)
+    if args.crash_after_step == 0 and args.process_id == args.processes - 1:
+      os._exit(3)  # as a lost machine would: no clean shutdown
   task, model = build(args)
   args.out.mkdir(parents=True, exist_ok=True)
   manager = checkpoint_manager(args.out / 'checkpoints', args.checkpoint_every)
-  state = initial_state(model, make_optimizer(args), task, jax.random.key(args.seed))
+  mesh = mesh_lib.make_mesh(mesh_lib.parse_mesh(args.mesh))
+  rules = mesh_lib.axis_rules(mesh, args.heads)
+  example = jnp.zeros((1, task.length - 1), jnp.int32)
+  state, shardings = mesh_lib.create_state(model, make_optimizer(args), example,
+                                           jax.random.key(args.seed), mesh, rules)
+  print(f'mesh: {dict(mesh.shape)} over {jax.process_count()} process(es)')
   history = {'loss': [], 'accuracy': []}
   if args.resume:
     step, state, history = restore(manager, state)
@@ -353,9 +408,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     summary = nn.tabulate(model, jax.random.key(args.seed), compute_flops=True, depth=1,
                           console_kwargs={'width': 120, 'force_terminal': sys.stdout.isatty()})
     print(summary(jnp.zeros((1, task.length - 1), jnp.int32)))
-  state, history = train(args, task, model, state, history, manager)
-  accuracy, matches = evaluate(model, state['params'], task.eval_problems(args.eval_problems),
-                               task, check=16)
+  state, history = train(args, task, model, state, history, manager, mesh, shardings)
+  params = mesh_lib.local_params(state['params'])  # every process takes part in the gather
+  if jax.process_index() != 0:  # the first process evaluates and writes the outputs
+    return None
+  accuracy, matches = evaluate(model, params, task.eval_problems(args.eval_problems), task,
+                               check=16)
   (args.out / 'history.json').write_text(json.dumps(history))
   png = args.out / 'train_lm.png'
   plot(history, png)

@@ -5,6 +5,8 @@ how to fix it.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from flax import errors as flax_errors
 
 
@@ -396,3 +398,49 @@ class BranchVariablesError(LiftError, ValueError):
 class LoopVariablesError(LiftError, ValueError):
   """The body of a lifted `while_loop` creates carry variables or changes their
   shapes or dtypes."""
+
+
+class ShardingError(LiftError, ValueError):
+  """A variable's partitioning cannot be laid out on a mesh: the base class of
+  `LogicalAxisRuleError`, `MeshAxisError` and `ShardingShapeError`."""
+
+
+class LogicalAxisRuleError(ShardingError):
+  """A variable is partitioned along a logical axis name that no axis rule maps to a mesh axis.
+
+  Flax leaves such an axis unsharded without a word; a missing rule is more often a typo
+  (``'mpl'`` for ``'mlp'``) or a stack's layer axis (``metadata_params``) forgotten.
+  """
+
+  def __init__(self, path: str, name: str, rules) -> None:
+    known = sorted({str(rule[0]) for rule in rules}) or ['(none)']
+    LiftError.__init__(
+        self, f'variable {path}: logical axis "{name}" has no rule mapping it to a mesh axis '
+        f'(rules name {", ".join(known)}). Fix: add a rule ("{name}", "<mesh axis>") to shard '
+        f'along it or ("{name}", None) to keep it whole, e.g. in nn.logical_axis_rules([...]) '
+        'or the rules= argument.')
+    self.path, self.axis = path, name
+
+
+class MeshAxisError(ShardingError):
+  """A partition spec names a mesh axis that the mesh does not have."""
+
+  def __init__(self, where: str, axis: Any, mesh_axes) -> None:
+    LiftError.__init__(
+        self, f'{where}: mesh axis "{axis}" is not an axis of the mesh, which has axes '
+        f'{tuple(mesh_axes)}. Fix: name one of {tuple(mesh_axes)} (or None to replicate), or '
+        f'build the mesh with an axis "{axis}", e.g. jax.make_mesh((4, 2), (\'data\', '
+        f'\'{axis}\')).')
+    self.axis = axis
+
+
+class ShardingShapeError(ShardingError):
+  """A dimension of a variable does not divide evenly over the mesh axes that shard it, or
+  its spec has more entries than the variable has dimensions."""
+
+  def __init__(self, where: str, shape, spec, problem: str) -> None:
+    LiftError.__init__(
+        self, f'{where}: shape {tuple(shape)} cannot be sharded as {spec}: {problem}. Fix: '
+        'make that dimension a multiple of the mesh axes\' size, shard it over other (or '
+        'fewer) mesh axes, or map its logical name to None in the axis rules.')
+    self.shape, self.spec = tuple(shape), spec

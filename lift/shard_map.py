@@ -24,6 +24,7 @@ from lift import errors
 from lift.filters import Filter, validate_filter
 from lift.pack import pack
 from lift.rng import RngStream
+from lift.sharding import check_mesh_axes, check_spec
 
 _NOT_A_MESH = (
     'shard_map: mesh={mesh!r} is not a jax.sharding.Mesh. Fix: e.g. '
@@ -57,14 +58,25 @@ class _ShardConfig:
   check_vma: bool
 
 
-def _check_specs(variable_specs: Any) -> tuple[tuple[Filter, ...], tuple[PartitionSpec, ...]]:
+def _check_specs(variable_specs: Any,
+                 mesh: Any) -> tuple[tuple[Filter, ...], tuple[PartitionSpec, ...]]:
   if not isinstance(variable_specs, Mapping):
     raise errors.InvalidAxisError(_BAD_SPECS.format(value=variable_specs))
   for key, spec in variable_specs.items():
     validate_filter(key, 'the keys of `variable_specs` of shard_map')
     if not isinstance(spec, PartitionSpec):
       raise errors.InvalidAxisError(_BAD_SPEC.format(key=key, value=spec))
+    check_mesh_axes(f'shard_map: variable_specs[{key!r}] = {spec}', spec, mesh)
   return tuple(variable_specs), tuple(variable_specs.values())
+
+
+def _check_variable_shapes(variable_groups, specs: tuple[PartitionSpec, ...], mesh: Any) -> None:
+  """Every variable given to the shards divides over the mesh axes of its group's spec."""
+  for group, spec in zip(variable_groups, specs):
+    for path, leaf in jax.tree_util.tree_leaves_with_path(group):
+      if hasattr(leaf, 'shape'):
+        keys = '/'.join(str(k.key) for k in path if hasattr(k, 'key'))  # collection/path
+        check_spec(f'shard_map: variable {keys} (variable_specs {spec})', leaf.shape, spec, mesh)
 
 
 def _split_axes(key: Filter, value: Any, manual: Sequence[str]) -> tuple[str, ...]:
@@ -125,6 +137,7 @@ def _sharded_body(fn, scope_fn, repack_fn, kwargs, rng_axes, variable_groups, rn
 
 def _shard_groups(fn, config: _ShardConfig, scope_fn, repack_fn, variable_groups,
                   rng_groups, *args, **kwargs):
+  _check_variable_shapes(variable_groups, config.variable_specs, config.mesh)
   rng_groups = tuple(_split_group(g, axes, config.mesh)
                      for g, axes in zip(rng_groups, config.rng_axes))
   rng_specs = tuple(PartitionSpec(axes) if axes else PartitionSpec() for axes in config.rng_axes)
@@ -176,7 +189,7 @@ def shard_map(fn: Callable[..., Any], *, mesh: jax.sharding.Mesh, in_specs: Any,
   """
   if not isinstance(mesh, (jax.sharding.Mesh, jax.sharding.AbstractMesh)):
     raise errors.InvalidAxisError(_NOT_A_MESH.format(mesh=mesh))
-  filters, specs = _check_specs(variable_specs)
+  filters, specs = _check_specs(variable_specs, mesh)
   manual = [a for a in mesh.axis_names if not axis_names or a in axis_names]
   rng_filters, rng_axes = _check_split_rngs(split_rngs, manual)
   config = _ShardConfig(mesh, specs, rng_axes, in_specs, out_specs,

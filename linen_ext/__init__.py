@@ -35,7 +35,8 @@ from lift.axes import broadcast
 from lift.scope import Scope, Variable
 
 from linen_ext import (attention, batch_apply, combinators, errors, linear, module,
-                       normalization, partitioning, recurrent, stochastic, transforms)
+                       normalization, partitioning, recurrent, sharding, stochastic,
+                       transforms)
 from linen_ext.layers import (RNN, BatchNorm, Bidirectional, Conv, ConvLocal, ConvLSTMCell,
                               ConvTranspose, Dense, DenseGeneral, Dropout, Einsum, Embed,
                               FlaxLayer, FlaxModule, Fp8DirectDotGeneralOp, Fp8DotGeneral,
@@ -50,6 +51,7 @@ from linen_ext.module import (InterceptorContext, Module, apply, compact, compac
 from linen_ext.module.init_apply import capture_call_intermediates
 from linen_ext.module.named_call import disable_named_call, enable_named_call, override_named_call
 from linen_ext.module.variables import tuple_init, tuple_reduce
+from linen_ext.sharding import init_sharded, variable_shardings
 from linen_ext.stacks import (BlockSeq, Stacked, layers_to_stacked, per_layer, scan_layers,
                               stacked_to_layers)
 from linen_ext.summary import tabulate

@@ -58,6 +58,7 @@ NOT_RAISED_BY_A_MISTAKE = {
     'LiftError': 'the base class; raised itself only when lift.jit\'s compiled body is traced '
                  'outside a call (tests/lift/test_jit.py)',
     'ModuleError': 'the base class of the Module system',
+    'ShardingError': 'the base class of the sharding errors',
     'UnmappedCollectionError': 'raised as its subclass UnliftedCollectionError: pack makes a '
                                'collection immutable inside unless an out filter returns it',
 }

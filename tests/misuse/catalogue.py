@@ -1,7 +1,7 @@
 """Every case of the misuse catalogue, by name."""
 from tests.misuse import (Case, entry_cases, layer_cases, loop_cases, module_cases,
-                          module_transform_cases, scope_cases, stack_cases, transform_cases,
-                          vmap_scan_cases)
+                          module_transform_cases, scope_cases, sharding_cases, stack_cases,
+                          transform_cases, vmap_scan_cases)
 
 AREAS = {
     'scopes, variables and rngs': scope_cases.CASES,
@@ -13,6 +13,7 @@ AREAS = {
     'module transforms': module_transform_cases.CASES,
     'layer stacks': stack_cases.CASES,
     'layers, Flax interop and partitioning': layer_cases.CASES,
+    'sharding on a mesh': sharding_cases.CASES,
 }
 CASES: dict[str, Case] = {}
 for _cases in AREAS.values():
