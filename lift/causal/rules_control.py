@@ -58,7 +58,8 @@ def call_rule(param: str):
   def rule(eqn: Eqn, **params) -> StepForm:
     jaxpr, consts = _jaxpr_and_consts(params[param])
     program = interpreter.convert(
-        jaxpr, consts, [op.stream for op in eqn.operands],
+        jaxpr, consts, [op.stream if op.pair is None else op.pair
+                        for op in eqn.operands],
         [op.known for op in eqn.operands], where=eqn.where)
     return program_form(eqn, program)
 
@@ -188,12 +189,12 @@ def _scan_per_element(eqn: Eqn, jaxpr, num_consts, num_carry, *, length,
 def _register_all() -> None:
   prims = _compat.scan_primitives
   register_scan_rule(prims.scan_p, scan_rule)
-  register_scan_rule(prims.jit_p, call_rule("jaxpr"))
-  register_scan_rule(prims.closed_call_p, call_rule("call_jaxpr"))
-  register_scan_rule(prims.call_p, call_rule("call_jaxpr"))
-  register_scan_rule(prims.remat_p, call_rule("jaxpr"))
-  register_scan_rule(prims.custom_jvp_call_p, call_rule("call_jaxpr"))
-  register_scan_rule(prims.custom_vjp_call_p, call_rule("call_jaxpr"))
+  for prim, param in ((prims.jit_p, "jaxpr"), (prims.closed_call_p, "call_jaxpr"),
+                      (prims.call_p, "call_jaxpr"), (prims.remat_p, "jaxpr"),
+                      (prims.custom_jvp_call_p, "call_jaxpr"),
+                      (prims.custom_vjp_call_p, "call_jaxpr")):
+    register_scan_rule(prim, call_rule(param))
+    interpreter.PAIR_RULES[prim] = call_rule(param)  # values with two time axes pass in
 
 
 _register_all()

@@ -123,7 +123,7 @@ NOT_CAUSAL = {
                     'final carry'),
     'all_pairs': (lambda x: x @ x.T, '`dot_general`.*pairs every position'),
     'dense_over_time': (lambda x: jnp.ones((T, T)) @ x, '`dot_general`.*contracts the scan axis'),
-    'outer_sum': (lambda x: (x[:, None, :] + x[None, :, :]).sum(1), 'different axes'),
+    'outer_sum': (lambda x: (x[:, None, :] + x[None, :, :]).sum(1), '`reduce_sum`.*key time.*not masked'),
     'flatten_time': (lambda x: x.reshape(-1)[::-1].reshape(T, 3), '`reshape`.*merging'),
     'gather_time': (lambda x: x[jnp.array([1, 0, 2, 3, 5, 4])], '`gather`.*gathers along the scan axis'),
     'sort_time': (lambda x: jnp.sort(x, axis=0), '`sort`.*sorts along'),

@@ -1,0 +1,420 @@
+"""Rules for values with two time axes: attention written out, step by step.
+
+A product of two streams along different free axes (`q @ k.T`), or an
+elementwise op of two such streams (`pad[q] & pad[k]`), is a **pair** (see
+`pairs.py`): the step keeps a cache of the key-side operand and computes one
+row of it, every key position, per step. Elementwise ops, masks and shape ops
+keep it a pair and track what is known of its upper part (keys after the
+query). A reduction over key time (softmax's max and sum) or a contraction of
+key time with another stream (weights @ values, that stream cached too) turns
+it back into a stream, and is allowed only when the upper part is proven not
+to matter: exact, or zero where the cached operand has no keys yet. Nothing
+here matches a particular sequence of primitives: `flax.linen`'s
+`dot_product_attention`, `jax.nn.dot_product_attention` and hand-written
+attention all reduce to these rules.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+from lift import _compat
+from lift.causal import forms
+from lift.causal import frames
+from lift.causal import pairs
+from lift.causal import rules_shape
+from lift.causal.interpreter import (
+    PAIR_RULES, Eqn, StepForm, Stream)
+from lift.causal.pairs import Link, Pair, Upper
+
+LENGTHS = (
+    "its two time axes have lengths {lengths}; a value pairing query and key "
+    "time needs both of the sequence's length."
+)
+AXES_DIFFER = (
+    "its operands vary along time on axes {axes}; only two time axes (query "
+    "and key time) can meet in one value."
+)
+NOT_MASKED = (
+    "it {what} over key time (axis {key} of a value from {origin}), but the "
+    "entries for keys after the query are {state}. Mask them first with a "
+    "causal mask built from iota/tril (jnp.where(mask, scores, -inf), "
+    "make_causal_mask), lower-triangular in (query, key) = axes ({query}, {key})."
+)
+UPPER_STATES = {
+    "dirty": "not masked (they depend on later elements, or on a mask that is not "
+             "lower-triangular or is computed from data)",
+    "not_zero": "not known to be zero",
+}
+BOTH_TIME_AXES = (
+    "it {what} both time axes ({axes}) of a value from {origin}; only key time "
+    "may be reduced."
+)
+QUERY_BATCH = (
+    "it contracts key time of a value from {origin} while its query axis "
+    "{query} is a batch dimension of the product; keep query time a free axis."
+)
+KEY_PARTNER = (
+    "it contracts key time (axis {key}) of a value from {origin} with an operand "
+    "whose time axis is not the partner of that axis; contract key time with the "
+    "values' time axis."
+)
+KEEPS_PAIR = (
+    "it keeps both time axes of a value from {origin} while contracting others; "
+    "only elementwise ops, shape ops and reductions apply to such values."
+)
+SHAPE_TIME = "it changes the time axes {axes} of a value with two time axes."
+
+
+def _origin(eqn: Eqn) -> str:
+  return f"`{eqn.primitive.name}` at {eqn.where}"
+
+
+def _link_error(eqn: Eqn, pair: Pair):
+  return eqn.error(
+      f"it combines values with two time axes whose query axes disagree "
+      f"(from {pair.link.origin}).")
+
+
+def _paired_operand(eqn: Eqn) -> int:
+  return next(i for i, op in enumerate(eqn.operands) if op.pair is not None)
+
+
+# ---------------------------------------------------------------- creating
+
+
+def product_rule(eqn: Eqn, dimension_numbers, params) -> StepForm:
+  """`q @ k.T`: two streams whose time axes are both free dimensions."""
+  (lc, rc), (lb, rb) = dimension_numbers
+  lhs, rhs = eqn.operands
+  times = (forms.stream_axis(lhs), forms.stream_axis(rhs))
+  lengths = (lhs.aval.shape[times[0]], rhs.aval.shape[times[1]])
+  if lengths[0] != lengths[1]:
+    raise eqn.error(LENGTHS.format(lengths=lengths))
+  free = [[d for d in range(op.aval.ndim) if d not in c and d not in b]
+          for op, c, b in zip(eqn.operands, (lc, rc), (lb, rb))]
+  out_axes = (len(lb) + free[0].index(times[0]),
+              len(lb) + len(free[0]) + free[1].index(times[1]))
+  link = Link(_origin(eqn))
+  pair = Pair(out_axes, eqn.offset, (pairs.DIRTY, pairs.DIRTY), link)
+
+  def numbers_without(query: int):
+    dims = [[lc, rc], [lb, rb]]
+    for group in dims:
+      group[query] = forms.drop_dim(group[query], times[query])
+    return tuple(tuple(tuple(d) for d in group) for group in dims)
+
+  def step(cache, index, args):
+    query = link.query_side() or 0
+    key = 1 - query
+    cache = lax.dynamic_update_index_in_dim(cache, args[key], index, times[key])
+    operands = [cache, cache]
+    operands[query] = args[query]
+    return cache, forms.bind(eqn, operands, params,
+                             dimension_numbers=numbers_without(query))
+
+  def prefill(args):
+    query = link.query_side() or 0
+    key = 1 - query
+    cache = _cache_prefill(eqn.operands[key].aval, args[key], times[key])
+    operands = [cache, cache]
+    operands[query] = args[query]
+    return cache, forms.bind(eqn, operands, params,
+                             dimension_numbers=dimension_numbers)
+
+  return StepForm((pair,), step, prefill)
+
+
+def _cache_prefill(aval, prefix, axis: int):
+  """A cache of a whole stream, zeros after its prefix."""
+  cache = jnp.zeros(aval.shape, aval.dtype)
+  return lax.dynamic_update_slice_in_dim(cache, prefix, 0, axis)
+
+
+def elementwise_rule(eqn: Eqn, **params) -> StepForm:
+  """An elementwise op of pairs, streams along either time axis, and
+  unscanned values (masks); streams along key time are cached."""
+  axes, link = _elementwise_axes(eqn)
+  uppers = tuple(_elementwise_upper(eqn, params, axes, side) for side in (0, 1))
+  pair = Pair(axes, eqn.offset, uppers, link)
+
+  def sides():
+    return pair.sides()
+
+  def key_streams(key):
+    return [i for i, op in enumerate(eqn.operands)
+            if op.stream is not None and op.axis == key]
+
+  def step(caches, index, args):
+    query, key = sides()
+    caches, values = list(caches), list(args)
+    for c, i in enumerate(key_streams(key)):
+      caches[c] = lax.dynamic_update_index_in_dim(caches[c], args[i], index, key)
+      values[i] = frames.step_slice(caches[c], query, index)
+    for i, op in enumerate(eqn.operands):
+      if op.stream is None and op.pair is None and op.aval.ndim:
+        values[i] = frames.step_slice(args[i], query, index)
+    return tuple(caches), forms.bind(eqn, values, params)
+
+  def prefill(args):
+    query, key = sides()
+    caches, values = [], list(args)
+    for i in key_streams(key):
+      caches.append(_cache_prefill(eqn.operands[i].aval, args[i], key))
+      values[i] = frames.prefix_slice(caches[-1], query, eqn.offset)
+    for i, op in enumerate(eqn.operands):
+      if op.stream is None and op.pair is None and op.aval.ndim:
+        values[i] = frames.prefix_slice(args[i], query, eqn.offset)
+    return tuple(caches), forms.bind(eqn, values, params)
+
+  return StepForm((pair,), step, prefill)
+
+
+def _elementwise_axes(eqn: Eqn) -> tuple[tuple[int, int], Link]:
+  """The two time axes (side 0, side 1) and the shared link."""
+  paired = [op.pair for op in eqn.operands if op.pair is not None]
+  stream_axes = sorted({op.axis for op in eqn.operands if op.stream is not None})
+  if paired:
+    axes, link = paired[0].axes, paired[0].link
+  else:
+    first = next(op.axis for op in eqn.operands if op.stream is not None)
+    axes = (first, next(a for a in stream_axes if a != first))
+    link = Link(_origin(eqn))
+  every = set(stream_axes).union(*(p.axes for p in paired))
+  if every != set(axes) or len(axes) != 2:
+    raise eqn.error(AXES_DIFFER.format(axes=sorted(every)))
+  shape = eqn.out_avals[0].shape
+  if shape[axes[0]] != shape[axes[1]]:
+    raise eqn.error(LENGTHS.format(lengths=(shape[axes[0]], shape[axes[1]])))
+  for other in paired[1:]:
+    link.join(other.link, other.axes != axes, _link_error(eqn, other))
+  return axes, link
+
+
+def _elementwise_upper(eqn: Eqn, params: dict, axes, side: int) -> Upper:
+  """The result's upper part when `axes[side]` is query time."""
+  shape = eqn.out_avals[0].shape
+  uppers = []
+  for op in eqn.operands:
+    if op.pair is not None:
+      uppers.append(op.pair.uppers[side if op.pair.axes == axes else 1 - side])
+    elif op.stream is not None:
+      uppers.append(pairs.EXACT if op.axis == axes[side] else pairs.DIRTY)
+    else:
+      uppers.append(pairs.known_upper(op.known, axes, shape)[side])
+  dtypes = [op.aval.dtype for op in eqn.operands]
+  return pairs.elementwise_upper(eqn.primitive, params, uppers, dtypes,
+                                 eqn.out_avals[0].dtype)
+
+
+# ---------------------------------------------------------------- consuming
+
+
+def _check_upper(eqn: Eqn, pair: Pair, query: int, key: int, upper: Upper,
+                 what: str, ok: bool, state: str = "dirty") -> None:
+  if not ok:
+    raise eqn.error(NOT_MASKED.format(
+        what=what, key=key, origin=pair.link.origin, query=query,
+        state=UPPER_STATES[state]))
+
+
+def dot_rule(eqn: Eqn, *, dimension_numbers, **params) -> StepForm:
+  """Contracts key time of a pair with a stream's time (cached) or with an
+  unscanned operand: one row of weights times every value so far."""
+  index = _paired_operand(eqn)
+  other = eqn.operands[1 - index]
+  pair = eqn.operands[index].pair
+  (lc, rc), (lb, rb) = dimension_numbers
+  contracting, batch = (lc, rc)[index], (lb, rb)[index]
+  partners = (lc, rc)[1 - index]
+  keys = [a for a in pair.axes if a in contracting]
+  if other.pair is not None or not keys:
+    raise eqn.error(KEEPS_PAIR.format(origin=pair.link.origin))
+  if len(keys) == 2:
+    raise eqn.error(BOTH_TIME_AXES.format(
+        what="contracts", axes=pair.axes, origin=pair.link.origin))
+  key = keys[0]
+  query, upper = pair.oriented(key, eqn.primitive.name, eqn.where)
+  if query in batch:
+    raise eqn.error(QUERY_BATCH.format(origin=pair.link.origin, query=query))
+  partner = partners[contracting.index(key)]
+  if other.stream is not None:
+    if other.axis != partner:
+      raise eqn.error(KEY_PARTNER.format(key=key, origin=pair.link.origin))
+    _check_upper(eqn, pair, query, key, upper, "contracts values",
+                 upper.const is not None and upper.const == 0, "not_zero")
+  else:
+    _check_upper(eqn, pair, query, key, upper, "contracts", upper.exact)
+  out_axis = _dot_out_axis(eqn, dimension_numbers, index, query)
+  numbers = [[list(lc), list(rc)], [list(lb), list(rb)]]
+  for group in numbers:
+    group[index] = forms.drop_dim(group[index], query)
+  step_numbers = tuple(tuple(tuple(d) for d in group) for group in numbers)
+
+  def step(cache, i, args):
+    values = list(args)
+    if other.stream is not None:
+      cache = lax.dynamic_update_index_in_dim(cache, args[1 - index], i, partner)
+      values[1 - index] = cache
+    return cache, forms.bind(eqn, values, params, dimension_numbers=step_numbers)
+
+  def prefill(args):
+    values, cache = list(args), ()
+    if other.stream is not None:
+      cache = _cache_prefill(other.aval, args[1 - index], partner)
+      values[1 - index] = cache
+    return cache, forms.bind(eqn, values, params,
+                             dimension_numbers=dimension_numbers)
+
+  return StepForm((eqn.stream(out_axis),), step, prefill)
+
+
+def _dot_out_axis(eqn: Eqn, dimension_numbers, index: int, axis: int) -> int:
+  (lc, rc), (lb, rb) = dimension_numbers
+  free = [[d for d in range(op.aval.ndim) if d not in c and d not in b]
+          for op, c, b in zip(eqn.operands, (lc, rc), (lb, rb))]
+  return len(lb) + (len(free[0]) if index else 0) + free[index].index(axis)
+
+
+_NEEDS = {"reduce_max": lambda u: u.exact or u.neg_huge}
+_KEEP_CONST = {"reduce_max", "reduce_min", "reduce_and", "reduce_or"}
+_KEEP_HUGE = {"reduce_max", "reduce_min", "reduce_sum"}
+
+
+def reduction_rule(eqn: Eqn, *, axes, **params) -> StepForm:
+  """Reduces over key time (the upper part must not change the result), or
+  over axes other than time (the value stays a pair)."""
+  pair = eqn.operands[0].pair
+  name = eqn.primitive.name
+  reduced = [a for a in pair.axes if a in axes]
+  if len(reduced) == 2:
+    raise eqn.error(BOTH_TIME_AXES.format(
+        what="reduces", axes=pair.axes, origin=pair.link.origin))
+  if reduced:
+    key = reduced[0]
+    query, upper = pair.oriented(key, name, eqn.where)
+    _check_upper(eqn, pair, query, key, upper, "reduces",
+                 _NEEDS.get(name, lambda u: u.exact)(upper))
+    out_axis = query - sum(a < query for a in axes)
+    step_axes = forms.drop_dim(axes, query)
+
+    def fn(index, args):
+      return forms.bind(eqn, args, params, axes=step_axes)
+
+    return _stateless(eqn, [eqn.stream(out_axis)], fn, dict(params, axes=axes))
+  moved = tuple(int(a - sum(r < a for r in axes)) for a in pair.axes)
+  uppers = tuple(_reduced_upper(u, name) for u in pair.uppers)
+  out = pair._replace(axes=moved, uppers=uppers, offset=eqn.offset)
+
+  def fn_other(index, args):
+    return forms.bind(eqn, args, params, axes=forms.drop_dim(axes, pair.sides()[0]))
+
+  return _stateless(eqn, [out], fn_other, dict(params, axes=axes))
+
+
+def _reduced_upper(upper: Upper, name: str) -> Upper:
+  if name.startswith("arg"):
+    return Upper(upper.exact)
+  const = upper.const
+  keep = name in _KEEP_CONST or (name == "reduce_sum" and const == 0)
+  return Upper(upper.exact, const if keep else None,
+               upper.neg_huge and name in _KEEP_HUGE)
+
+
+def _stateless(eqn: Eqn, outs: Sequence, fn, params: dict) -> StepForm:
+  """A stateless form whose prefill binds the op on the prefix at once
+  (`params`: the equation's); a pair's prefix is its first rows, whole."""
+
+  def step(state, index, args):
+    return state, list(fn(index, args))
+
+  def prefill(args):
+    return (), forms.bind(eqn, args, params)
+
+  return StepForm(tuple(outs), step, prefill)
+
+
+# ---------------------------------------------------------------- shapes
+
+
+def _moved_pair(eqn: Eqn, axes) -> Pair:
+  pair = eqn.operands[0].pair
+  return Pair(tuple(int(a) for a in axes), eqn.offset, pair.uppers, pair.link)
+
+
+def broadcast_rule(eqn: Eqn, *, shape, broadcast_dimensions, **params) -> StepForm:
+  """Broadcasts a pair; its time axes move, keeping their lengths."""
+  pair, dims = eqn.operands[0].pair, broadcast_dimensions
+  sizes = eqn.operands[0].aval.shape
+  if any(sizes[a] != shape[dims[a]] for a in pair.axes):
+    raise eqn.error(SHAPE_TIME.format(axes=pair.axes))
+
+  def fn(index, args):
+    query = pair.sides()[0]
+    return forms.bind(eqn, args, params, shape=forms.drop_entry(shape, dims[query]),
+                      broadcast_dimensions=forms.drop_dim(
+                          forms.drop_entry(dims, query), dims[query]))
+
+  out = _moved_pair(eqn, (dims[a] for a in pair.axes))
+  return _stateless(eqn, [out], fn, dict(
+      params, shape=shape, broadcast_dimensions=broadcast_dimensions))
+
+
+def transpose_rule(eqn: Eqn, *, permutation, **params) -> StepForm:
+  """Transposes a pair; its time axes move with the permutation."""
+  pair = eqn.operands[0].pair
+
+  def fn(index, args):
+    return forms.bind(eqn, args, params,
+                      permutation=forms.drop_dim(permutation, pair.sides()[0]))
+
+  out = _moved_pair(eqn, (permutation.index(a) for a in pair.axes))
+  return _stateless(eqn, [out], fn, dict(params, permutation=permutation))
+
+
+def reshape_rule(eqn: Eqn, *, new_sizes, dimensions, **params) -> StepForm:
+  """Reshapes a pair that keeps both time axes whole."""
+  pair, shape = eqn.operands[0].pair, eqn.operands[0].aval.shape
+  moved = [rules_shape.reshape_axis(shape, a, new_sizes) for a in pair.axes]
+  if None in moved or dimensions is not None or moved[0] == moved[1]:
+    raise eqn.error(SHAPE_TIME.format(axes=pair.axes))
+  where = dict(zip(pair.axes, moved))
+
+  def fn(index, args):
+    query = pair.sides()[0]
+    return forms.bind(eqn, args, params, dimensions=None,
+                      new_sizes=forms.drop_entry(new_sizes, where[query]))
+
+  return _stateless(eqn, [_moved_pair(eqn, moved)], fn, dict(
+      params, new_sizes=new_sizes, dimensions=dimensions))
+
+
+def squeeze_rule(eqn: Eqn, *, dimensions, **params) -> StepForm:
+  """Squeezes axes other than the time axes of a pair."""
+  pair = eqn.operands[0].pair
+  if set(dimensions) & set(pair.axes):
+    raise eqn.error(SHAPE_TIME.format(axes=pair.axes))
+
+  def fn(index, args):
+    return forms.bind(eqn, args, params,
+                      dimensions=forms.drop_dim(dimensions, pair.sides()[0]))
+
+  out = _moved_pair(eqn, (a - sum(d < a for d in dimensions) for a in pair.axes))
+  return _stateless(eqn, [out], fn, dict(params, dimensions=dimensions))
+
+
+def _register_all() -> None:
+  # Elementwise ops, reductions and calls register their pair rules with
+  # their other rules (rules_elementwise, rules_control).
+  prims = _compat.scan_primitives
+  PAIR_RULES[prims.dot_general_p] = dot_rule
+  PAIR_RULES[prims.broadcast_in_dim_p] = broadcast_rule
+  PAIR_RULES[prims.transpose_p] = transpose_rule
+  PAIR_RULES[prims.reshape_p] = reshape_rule
+  PAIR_RULES[prims.squeeze_p] = squeeze_rule
+
+
+_register_all()
