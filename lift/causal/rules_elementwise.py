@@ -42,6 +42,9 @@ def elementwise_rule(eqn: Eqn, **params) -> StepForm:
   if len({op.axis for op in eqn.operands if op.stream is not None}) > 1:
     return rules_pairs.elementwise_rule(eqn, **params)
   axis = forms.common_axis(eqn)
+  query_axis = rules_pairs.promoted_axis(eqn, axis)
+  if query_axis is not None:
+    return rules_pairs.elementwise_rule(eqn, query_axis, **params)
   want = eqn.out_avals[0].shape[axis]
   for index, op in enumerate(eqn.operands):
     if op.stream is not None and op.aval.shape[axis] != want:

@@ -134,10 +134,11 @@ def _cache_prefill(aval, prefix, axis: int):
   return lax.dynamic_update_slice_in_dim(cache, prefix, 0, axis)
 
 
-def elementwise_rule(eqn: Eqn, **params) -> StepForm:
+def elementwise_rule(eqn: Eqn, query_axis: int | None = None, **params) -> StepForm:
   """An elementwise op of pairs, streams along either time axis, and
-  unscanned values (masks); streams along key time are cached."""
-  axes, link = _elementwise_axes(eqn)
+  unscanned values (masks); streams along key time are cached.
+  `query_axis`: the axis a mask pairs with the only stream's time axis."""
+  axes, link = _elementwise_axes(eqn, query_axis)
   uppers = tuple(_elementwise_upper(eqn, params, axes, side) for side in (0, 1))
   pair = Pair(axes, eqn.offset, uppers, link)
 
@@ -173,12 +174,39 @@ def elementwise_rule(eqn: Eqn, **params) -> StepForm:
   return StepForm((pair,), step, prefill)
 
 
-def _elementwise_axes(eqn: Eqn) -> tuple[tuple[int, int], Link]:
+def promoted_axis(eqn: Eqn, axis: int) -> int | None:
+  """The axis a known mask pairs with a stream's time axis `axis`, if any.
+
+  A stream meeting a concrete array that is triangular in (another axis of
+  the sequence's length, `axis`), like a key-padding mask combined with a
+  causal mask, is a pair: that other axis is query time, and what the mask
+  proves about keys after the query is kept.
+  """
+  shape = eqn.out_avals[0].shape
+  length = shape[axis]
+  for op in eqn.operands:
+    if (op.stream is not None or op.known is None or not op.aval.ndim
+        or isinstance(op.known, _compat.Tracer) or op.aval.shape[axis] != length):
+      continue
+    if np.unique(np.asarray(op.known)).size < 2:
+      continue
+    for other in range(op.aval.ndim):
+      if other != axis and op.aval.shape[other] == length:
+        uppers = pairs.known_upper(op.known, (other, axis), shape)
+        if any(u.const is not None for u in uppers):
+          return other
+  return None
+
+
+def _elementwise_axes(eqn: Eqn, query_axis: int | None) -> tuple[tuple[int, int], Link]:
   """The two time axes (side 0, side 1) and the shared link."""
   paired = [op.pair for op in eqn.operands if op.pair is not None]
   stream_axes = sorted({op.axis for op in eqn.operands if op.stream is not None})
   if paired:
     axes, link = paired[0].axes, paired[0].link
+  elif query_axis is not None:
+    axes, link = (query_axis, stream_axes[0]), Link(_origin(eqn))
+    stream_axes.append(query_axis)
   else:
     first = next(op.axis for op in eqn.operands if op.stream is not None)
     axes = (first, next(a for a in stream_axes if a != first))
@@ -324,15 +352,17 @@ def _reduced_upper(upper: Upper, name: str) -> Upper:
                upper.neg_huge and name in _KEEP_HUGE)
 
 
-def _stateless(eqn: Eqn, outs: Sequence, fn, params: dict) -> StepForm:
-  """A stateless form whose prefill binds the op on the prefix at once
-  (`params`: the equation's); a pair's prefix is its first rows, whole."""
+def _stateless(eqn: Eqn, outs: Sequence, fn, params) -> StepForm:
+  """A stateless form whose prefill binds the op on the prefix at once; a
+  pair's prefix is its first rows, whole. `params`: the equation's, or a
+  function giving them once the query axis is known (for ops whose
+  params name the query axis's length)."""
 
   def step(state, index, args):
     return state, list(fn(index, args))
 
   def prefill(args):
-    return (), forms.bind(eqn, args, params)
+    return (), forms.bind(eqn, args, params() if callable(params) else params)
 
   return StepForm(tuple(outs), step, prefill)
 
@@ -358,9 +388,13 @@ def broadcast_rule(eqn: Eqn, *, shape, broadcast_dimensions, **params) -> StepFo
                       broadcast_dimensions=forms.drop_dim(
                           forms.drop_entry(dims, query), dims[query]))
 
+  def prefill_params():
+    prefix_shape = list(shape)
+    prefix_shape[dims[pair.sides()[0]]] = eqn.offset
+    return dict(params, shape=tuple(prefix_shape), broadcast_dimensions=dims)
+
   out = _moved_pair(eqn, (dims[a] for a in pair.axes))
-  return _stateless(eqn, [out], fn, dict(
-      params, shape=shape, broadcast_dimensions=broadcast_dimensions))
+  return _stateless(eqn, [out], fn, prefill_params)
 
 
 def transpose_rule(eqn: Eqn, *, permutation, **params) -> StepForm:
@@ -388,8 +422,12 @@ def reshape_rule(eqn: Eqn, *, new_sizes, dimensions, **params) -> StepForm:
     return forms.bind(eqn, args, params, dimensions=None,
                       new_sizes=forms.drop_entry(new_sizes, where[query]))
 
-  return _stateless(eqn, [_moved_pair(eqn, moved)], fn, dict(
-      params, new_sizes=new_sizes, dimensions=dimensions))
+  def prefill_params():
+    sizes = list(new_sizes)
+    sizes[where[pair.sides()[0]]] = eqn.offset
+    return dict(params, new_sizes=tuple(sizes), dimensions=None)
+
+  return _stateless(eqn, [_moved_pair(eqn, moved)], fn, prefill_params)
 
 
 def squeeze_rule(eqn: Eqn, *, dimensions, **params) -> StepForm:
