@@ -21,10 +21,12 @@ Words used here and in `notes/0005-as-scan.md`:
   time). Pairs combined elementwise share one decision (a union-find with
   parity), and the step forms read it when they run, after conversion.
 
-Entries are assumed finite (and divisors nonzero), and scores smaller in
-magnitude than a quarter of their dtype's largest value: so adding a fill of
-`-inf` or `finfo.min` to them stays hugely negative, `exp` of it is zero, and
-zero times or divided by them stays zero.
+Entries are assumed finite (and divisors nonzero), unmasked scores smaller
+in magnitude than `SCORE_BOUND / 10` (float16: a fortieth of its range), and
+every query row to keep at least one key (under a causal mask, itself): so a
+fill of `-1e9`, `finfo.min` or `-inf` stays hugely negative when scores are
+added to it or the row's maximum subtracted, `exp` of it is zero, and zero
+times or divided by a value stays zero.
 """
 from __future__ import annotations
 
@@ -50,8 +52,8 @@ class Upper(NamedTuple):
   Attributes:
     exact: the step computes there what the full form computes.
     const: a scalar every upper entry equals (then `exact`), or None.
-    neg_huge: every upper entry is -inf or below a quarter of the dtype's
-      lowest value, so `exp` of it (minus a moderate value) is zero.
+    neg_huge: every upper entry is -inf or hugely negative (`is_neg_huge`),
+      so `exp` of it (minus a moderate value) is zero.
   """
   exact: bool
   const: Any = None
@@ -62,11 +64,18 @@ DIRTY = Upper(False)
 EXACT = Upper(True)
 
 
+# Scores are assumed below this in magnitude; fills at or below its negative
+# (-1e9, finfo.min, -inf) are "hugely negative". Narrow dtypes use a quarter of
+# their range instead.
+SCORE_BOUND = 1e9
+
+
 def is_neg_huge(value: Any, dtype: Any) -> bool:
-  """Whether a scalar `value` is -inf or below `finfo(dtype).min / 4`."""
+  """Whether a scalar `value` is -inf or hugely negative for `dtype`."""
   if not jnp.issubdtype(dtype, jnp.floating):
     return False
-  return bool(value <= jnp.finfo(dtype).min / 4)
+  bound = min(SCORE_BOUND, float(jnp.finfo(dtype).max) / 4)
+  return bool(value <= -bound)
 
 
 def constant(value: Any, dtype: Any) -> Upper:
