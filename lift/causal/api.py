@@ -164,8 +164,9 @@ def _check_output_shapes(shapes, length: int) -> None:
 
 def _check_output_infos(program: Program) -> None:
   for index, info in enumerate(program.out_infos):
-    if hasattr(info, "link"):
-      raise ScanConversionError(OUTPUT_PAIR.format(index=index, origin=info.link.origin))
+    link = getattr(info, "link", None)  # a value with two time axes
+    if link is not None:
+      raise ScanConversionError(OUTPUT_PAIR.format(index=index, origin=link.origin))
     if isinstance(info, NotCausal):
       raise ScanConversionError(f'{info.message}\n  {interpreter.FIX}')
     if isinstance(info, Stream) and info.axis != 0:

@@ -316,6 +316,7 @@ def _operand(var, info: Info, offset: int, known: _Env) -> Operand:
     return Operand(var.aval, None, known.read(var))
   if _is_pair(info):
     return Operand(var.aval, None, known.read(var), info)
+  assert isinstance(info, Stream), "poisoned operands raise before"
   return Operand(var.aval, Stream(info.axis, offset), known.read(var))
 
 

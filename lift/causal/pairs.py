@@ -163,10 +163,6 @@ class Pair(NamedTuple):
         name=name, where=where, axis=key_axis, origin=self.link.origin)))
     return self.axes[side], self.uppers[side]
 
-  def moved(self, axes: tuple[int, int]) -> Pair:
-    """The same pair with its axes at new positions."""
-    return self._replace(axes=tuple(axes))
-
 
 def known_upper(value: Any, axes: tuple[int, int], out_shape) -> tuple[Upper, Upper]:
   """Per side as query, the upper part of a value known at conversion time.
@@ -187,7 +183,7 @@ def known_upper(value: Any, axes: tuple[int, int], out_shape) -> tuple[Upper, Up
     upper = moved[np.triu(np.ones((length, moved.shape[1]), bool), 1)]
     values = np.unique(upper)
     uppers.append(constant(values[0], array.dtype) if values.size == 1 else EXACT)
-  return tuple(uppers)
+  return uppers[0], uppers[1]
 
 
 def _all_const(uppers) -> bool:

@@ -139,7 +139,8 @@ def elementwise_rule(eqn: Eqn, query_axis: int | None = None, **params) -> StepF
   unscanned values (masks); streams along key time are cached.
   `query_axis`: the axis a mask pairs with the only stream's time axis."""
   axes, link = _elementwise_axes(eqn, query_axis)
-  uppers = tuple(_elementwise_upper(eqn, params, axes, side) for side in (0, 1))
+  uppers = (_elementwise_upper(eqn, params, axes, 0),
+            _elementwise_upper(eqn, params, axes, 1))
   pair = Pair(axes, eqn.offset, uppers, link)
 
   def sides():
@@ -201,7 +202,8 @@ def promoted_axis(eqn: Eqn, axis: int) -> int | None:
 def _elementwise_axes(eqn: Eqn, query_axis: int | None) -> tuple[tuple[int, int], Link]:
   """The two time axes (side 0, side 1) and the shared link."""
   paired = [op.pair for op in eqn.operands if op.pair is not None]
-  stream_axes = sorted({op.axis for op in eqn.operands if op.stream is not None})
+  stream_axes = sorted({forms.stream_axis(op) for op in eqn.operands
+                        if op.stream is not None})
   if paired:
     axes, link = paired[0].axes, paired[0].link
   elif query_axis is not None:
@@ -277,7 +279,7 @@ def dot_rule(eqn: Eqn, *, dimension_numbers, **params) -> StepForm:
   else:
     _check_upper(eqn, pair, query, key, upper, "contracts", upper.exact)
   out_axis = _dot_out_axis(eqn, dimension_numbers, index, query)
-  numbers = [[list(lc), list(rc)], [list(lb), list(rb)]]
+  numbers = [[tuple(lc), tuple(rc)], [tuple(lb), tuple(rb)]]
   for group in numbers:
     group[index] = forms.drop_dim(group[index], query)
   step_numbers = tuple(tuple(tuple(d) for d in group) for group in numbers)
@@ -372,7 +374,8 @@ def _stateless(eqn: Eqn, outs: Sequence, fn, params) -> StepForm:
 
 def _moved_pair(eqn: Eqn, axes) -> Pair:
   pair = eqn.operands[0].pair
-  return Pair(tuple(int(a) for a in axes), eqn.offset, pair.uppers, pair.link)
+  first, second = (int(a) for a in axes)
+  return Pair((first, second), eqn.offset, pair.uppers, pair.link)
 
 
 def broadcast_rule(eqn: Eqn, *, shape, broadcast_dimensions, **params) -> StepForm:
