@@ -128,8 +128,12 @@ NOT_CAUSAL = {
     'gather_time': (lambda x: x[jnp.array([1, 0, 2, 3, 5, 4])], '`gather`.*gathers along the scan axis'),
     'sort_time': (lambda x: jnp.sort(x, axis=0), '`sort`.*sorts along'),
     'top_k_time': (lambda x: lax.top_k(x, T, axis=0)[0], '`top_k`.*top k along'),
-    'while_loop': (lambda x: lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2), (0, x))[1],
-                   'no rule for primitive `while`.*register_scan_rule'),
+    'while_loop_keeping_state': (lambda x: lax.while_loop(
+        lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.cumsum(c[1], 0)), (0, x))[1],
+                                 '`while`.*keeps state along time'),
+    'cond_branches_differ': (lambda x: lax.cond(  # time on axis 0, or 1
+        jnp.sum(XS) > 0, lambda y: jnp.broadcast_to(y[:, :1], (T, T)), lambda y: jnp.broadcast_to(y[:, 0], (T, T)), x),
+                             '`cond`.*branches give results that vary along time differently'),
     'strided': (lambda x: jnp.repeat(x[::2], 2, axis=0), '`slice`.*stride'),
     'first_element': (lambda x: x * x[0][None], '`squeeze`.*removes the scan axis'),
 }

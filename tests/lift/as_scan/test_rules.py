@@ -117,6 +117,11 @@ CONTROL = {
         lambda c, row: (c * 0.5 + row, None), jnp.zeros(x.shape[0]), x.T)[0][:, None],
     'scan_nested_time': lambda x: lax.scan(
         lambda h, w: (lax.scan(lambda c, a: (c + a * w, c), jnp.zeros(3), h)[1], None), x, LAYERS)[0],
+    'cond_traced_index': lambda x: lax.cond(jnp.sum(W) > 0, lambda y: jnp.cumsum(y, 0),
+                                            lambda y: shift(y), x),
+    'switch_static_index': lambda x: lax.switch(1, [jnp.sin, lambda y: lax.cummax(y, 0)], x),
+    'while_per_element': lambda x: lax.while_loop(
+        lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.tanh(c[1] * W[None, :, 0])), (0, x))[1],
     'jit': jax.jit(lambda x: jnp.sin(x) + shift(x)),
     'checkpoint': jax.checkpoint(lambda x: jnp.cumsum(jnp.sin(x), 0)),
     'checkpoint_name': lambda x: jax.ad_checkpoint.checkpoint_name(x, 'a'),
