@@ -15,6 +15,12 @@ Words used here and in `notes/0005-as-scan.md`:
   the upper part is an `Upper`; a contraction or reduction over key time is
   causal exactly when the upper part is exact (or, for a product with a
   cached operand, exactly zero).
+* **far part**: the entries whose key lies `window` or more positions
+  before the query, once a band mask (a sliding window) proves a window.
+  When both parts are the identity of every reduction and contraction over
+  key time (a fill of -inf before the max, zero before the sum and the
+  product with values), the step keeps ring caches of `window` keys
+  instead of the whole history, and its rows hold `window` entries.
 * **link**: which of a pair's two axes is the query. Two streams meeting in
   a product (`q @ k.T`) or an elementwise op (`pad[q] & pad[k]`) do not say;
   a reduction or contraction over one axis later does (that axis is key
@@ -97,6 +103,8 @@ class Link:
     self.parent: Link | None = None
     self.flip = False
     self.side: int | None = None  # at a root: the query side, once decided
+    self.windows: dict[int, int] = {}  # at a root: per query side, a proven window
+    self.ring_ok = True  # at a root: every consumer accepts rows of `window` keys
 
   def root(self) -> tuple[Link, bool]:
     node, flip = self, False
@@ -118,6 +126,27 @@ class Link:
     elif root.side ^ flip != side:
       raise error
 
+  def window_of(self, side: int) -> int | None:
+    """The window a band mask proved when `side` is the query, if any."""
+    root, flip = self.root()
+    return root.windows.get(side ^ flip)
+
+  def propose_window(self, side: int, window: int) -> None:
+    """Records a band mask's window; the first one proven is kept."""
+    root, flip = self.root()
+    root.windows.setdefault(side ^ flip, window)
+
+  def refuse_ring(self) -> None:
+    """A consumer needs the whole history: no ring caches."""
+    self.root()[0].ring_ok = False
+
+  def ring(self, length: int) -> int | None:
+    """The ring size when the step keeps rows of `window` keys, else None.
+    Read when the steps run, after conversion."""
+    root, _ = self.root()
+    window = self.window_of(self.query_side() or 0)
+    return window if root.ring_ok and window and window < length else None
+
   def join(self, other: Link, flip: bool, error: ScanConversionError) -> None:
     """Unifies with `other`, whose side 0 is this link's side `flip`."""
     mine, my_flip = self.root()
@@ -133,6 +162,9 @@ class Link:
     theirs.parent, theirs.flip = mine, relative
     if mine.side is None and theirs.side is not None:
       mine.side = theirs.side ^ relative
+    for side, window in theirs.windows.items():
+      mine.windows.setdefault(side ^ relative, window)
+    mine.ring_ok = mine.ring_ok and theirs.ring_ok
 
 
 class Pair(NamedTuple):
@@ -144,11 +176,13 @@ class Pair(NamedTuple):
     uppers: per side, what is known of the upper part when that side is the
       query.
     link: the orientation decision shared with related pairs.
+    fars: per side, what is known of the far part (for the link's window).
   """
   axes: tuple[int, int]
   offset: int
   uppers: tuple[Upper, Upper]
   link: Link
+  fars: tuple[Upper, Upper] = (EXACT, EXACT)
 
   def sides(self) -> tuple[int, int]:
     """`(query axis, key axis)`; side 0 is query while undecided."""
@@ -164,26 +198,52 @@ class Pair(NamedTuple):
     return self.axes[side], self.uppers[side]
 
 
-def known_upper(value: Any, axes: tuple[int, int], out_shape) -> tuple[Upper, Upper]:
-  """Per side as query, the upper part of a value known at conversion time.
+def _uniform(values) -> Upper:
+  values = np.unique(np.asarray(values))
+  return constant(values[0], values.dtype) if values.size == 1 else EXACT
 
-  A concrete array is read: a uniform upper part is a constant. A traced
-  value (weights inside `jit`) is exact: the step indexes its rows.
+
+def _band(moved) -> int | None:
+  """The smallest window w such that every entry with key <= query - w holds
+  one value, other than the diagonal's: a band mask. `moved`: query, key
+  axes first."""
+  diagonal = np.unique(np.diagonal(moved, 0, 0, 1))
+  value, window = None, None
+  for distance in range(moved.shape[0] - 1, 0, -1):
+    values = np.unique(np.diagonal(moved, -distance, 0, 1))
+    if values.size != 1 or (value is not None and values[0] != value):
+      break
+    value, window = values[0], distance
+  if window is None or (diagonal.size == 1 and diagonal[0] == value):
+    return None
+  return window
+
+
+def known_regions(value: Any, axes: tuple[int, int], out_shape,
+                  windows: tuple[int | None, int | None]):
+  """Per side as query: `(upper part, far part, band window)` of a value
+  known at conversion time.
+
+  A concrete array is read: a uniform part is a constant. A traced value
+  (weights inside `jit`) is exact: the step indexes its rows. The far part
+  is taken for `windows[side]`, or for the array's own band if none.
   """
   if value is None or isinstance(value, _compat.Tracer):
-    return EXACT, EXACT
+    return [(EXACT, EXACT, None)] * 2
   array = np.asarray(value)
   if array.ndim == 0:
-    return (constant(array, array.dtype),) * 2
+    return [(constant(array, array.dtype), constant(array, array.dtype), None)] * 2
   full = np.broadcast_to(array, out_shape)
-  uppers = []
-  for query, key in (axes, axes[::-1]):
+  regions = []
+  for side, (query, key) in enumerate((axes, axes[::-1])):
     moved = np.moveaxis(full, (query, key), (0, 1))
-    length = moved.shape[0]
-    upper = moved[np.triu(np.ones((length, moved.shape[1]), bool), 1)]
-    values = np.unique(upper)
-    uppers.append(constant(values[0], array.dtype) if values.size == 1 else EXACT)
-  return uppers[0], uppers[1]
+    rows, cols = np.indices(moved.shape[:2])
+    band = _band(moved)
+    window = windows[side] or band
+    upper = _uniform(moved[cols > rows])
+    far = _uniform(moved[cols <= rows - window]) if window else EXACT
+    regions.append((upper, far, band))
+  return regions
 
 
 def _all_const(uppers) -> bool:

@@ -17,17 +17,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from jax import lax
-import jax.numpy as jnp
 import numpy as np
 
 from lift import _compat
 from lift.causal import forms
 from lift.causal import frames
 from lift.causal import pairs
-from lift.causal import rules_shape
-from lift.causal.interpreter import (
-    PAIR_RULES, Eqn, StepForm, Stream)
+from lift.causal import rings
+from lift.causal.interpreter import PAIR_RULES, Eqn, StepForm
 from lift.causal.pairs import Link, Pair, Upper
 
 LENGTHS = (
@@ -100,6 +97,7 @@ def product_rule(eqn: Eqn, dimension_numbers, params) -> StepForm:
               len(lb) + len(free[0]) + free[1].index(times[1]))
   link = Link(_origin(eqn))
   pair = Pair(out_axes, eqn.offset, (pairs.DIRTY, pairs.DIRTY), link)
+  length = lengths[0]
 
   def numbers_without(query: int):
     dims = [[lc, rc], [lb, rb]]
@@ -110,7 +108,7 @@ def product_rule(eqn: Eqn, dimension_numbers, params) -> StepForm:
   def step(cache, index, args):
     query = link.query_side() or 0
     key = 1 - query
-    cache = lax.dynamic_update_index_in_dim(cache, args[key], index, times[key])
+    cache = rings.write(cache, args[key], index, times[key], link.ring(length))
     operands = [cache, cache]
     operands[query] = args[query]
     return cache, forms.bind(eqn, operands, params,
@@ -119,19 +117,14 @@ def product_rule(eqn: Eqn, dimension_numbers, params) -> StepForm:
   def prefill(args):
     query = link.query_side() or 0
     key = 1 - query
-    cache = _cache_prefill(eqn.operands[key].aval, args[key], times[key])
+    aval, axis = eqn.operands[key].aval, times[key]
+    cache = rings.from_prefix(aval, args[key], axis, eqn.offset, None)
     operands = [cache, cache]
     operands[query] = args[query]
-    return cache, forms.bind(eqn, operands, params,
-                             dimension_numbers=dimension_numbers)
+    outs = forms.bind(eqn, operands, params, dimension_numbers=dimension_numbers)
+    return rings.from_prefix(aval, args[key], axis, eqn.offset, link.ring(length)), outs
 
   return StepForm((pair,), step, prefill)
-
-
-def _cache_prefill(aval, prefix, axis: int):
-  """A cache of a whole stream, zeros after its prefix."""
-  cache = jnp.zeros(aval.shape, aval.dtype)
-  return lax.dynamic_update_slice_in_dim(cache, prefix, 0, axis)
 
 
 def elementwise_rule(eqn: Eqn, query_axis: int | None = None, **params) -> StepForm:
@@ -139,34 +132,36 @@ def elementwise_rule(eqn: Eqn, query_axis: int | None = None, **params) -> StepF
   unscanned values (masks); streams along key time are cached.
   `query_axis`: the axis a mask pairs with the only stream's time axis."""
   axes, link = _elementwise_axes(eqn, query_axis)
-  uppers = (_elementwise_upper(eqn, params, axes, 0),
-            _elementwise_upper(eqn, params, axes, 1))
-  pair = Pair(axes, eqn.offset, uppers, link)
-
-  def sides():
-    return pair.sides()
+  regions = [_elementwise_regions(eqn, params, axes, link, side) for side in (0, 1)]
+  pair = Pair(axes, eqn.offset, (regions[0][0], regions[1][0]), link,
+              (regions[0][1], regions[1][1]))
+  length = eqn.out_avals[0].shape[axes[0]]
 
   def key_streams(key):
     return [i for i, op in enumerate(eqn.operands)
             if op.stream is not None and op.axis == key]
 
   def step(caches, index, args):
-    query, key = sides()
+    query, key = pair.sides()
+    ring, row_key = link.ring(length), key - (key > query)
     caches, values = list(caches), list(args)
     for c, i in enumerate(key_streams(key)):
-      caches[c] = lax.dynamic_update_index_in_dim(caches[c], args[i], index, key)
+      caches[c] = rings.write(caches[c], args[i], index, key, ring)
       values[i] = frames.step_slice(caches[c], query, index)
     for i, op in enumerate(eqn.operands):
-      if op.stream is None and op.pair is None and op.aval.ndim:
-        values[i] = frames.step_slice(args[i], query, index)
+      if op.pair is None and op.aval.ndim and (op.stream is None or op.axis == query):
+        row = args[i] if op.stream is not None else frames.step_slice(args[i], query, index)
+        values[i] = rings.key_row(row, row_key, index, ring)
     return tuple(caches), forms.bind(eqn, values, params)
 
   def prefill(args):
-    query, key = sides()
+    query, key = pair.sides()
     caches, values = [], list(args)
     for i in key_streams(key):
-      caches.append(_cache_prefill(eqn.operands[i].aval, args[i], key))
-      values[i] = frames.prefix_slice(caches[-1], query, eqn.offset)
+      aval = eqn.operands[i].aval
+      cache = rings.from_prefix(aval, args[i], key, eqn.offset, None)
+      values[i] = frames.prefix_slice(cache, query, eqn.offset)
+      caches.append(rings.from_prefix(aval, args[i], key, eqn.offset, link.ring(length)))
     for i, op in enumerate(eqn.operands):
       if op.stream is None and op.pair is None and op.aval.ndim:
         values[i] = frames.prefix_slice(args[i], query, eqn.offset)
@@ -193,8 +188,8 @@ def promoted_axis(eqn: Eqn, axis: int) -> int | None:
       continue
     for other in range(op.aval.ndim):
       if other != axis and op.aval.shape[other] == length:
-        uppers = pairs.known_upper(op.known, (other, axis), shape)
-        if any(u.const is not None for u in uppers):
+        regions = pairs.known_regions(op.known, (other, axis), shape, (None, None))
+        if any(upper.const is not None for upper, _, _ in regions):
           return other
   return None
 
@@ -224,20 +219,31 @@ def _elementwise_axes(eqn: Eqn, query_axis: int | None) -> tuple[tuple[int, int]
   return axes, link
 
 
-def _elementwise_upper(eqn: Eqn, params: dict, axes, side: int) -> Upper:
-  """The result's upper part when `axes[side]` is query time."""
+def _elementwise_regions(eqn: Eqn, params: dict, axes, link: Link,
+                         side: int) -> tuple[Upper, Upper]:
+  """The result's upper and far parts when `axes[side]` is query time; a
+  band mask among the operands proposes its window to `link`."""
   shape = eqn.out_avals[0].shape
-  uppers = []
+  uppers, fars = [], []
   for op in eqn.operands:
     if op.pair is not None:
-      uppers.append(op.pair.uppers[side if op.pair.axes == axes else 1 - side])
+      mine = side if op.pair.axes == axes else 1 - side
+      uppers.append(op.pair.uppers[mine])
+      fars.append(op.pair.fars[mine])
     elif op.stream is not None:
       uppers.append(pairs.EXACT if op.axis == axes[side] else pairs.DIRTY)
+      fars.append(pairs.EXACT)
     else:
-      uppers.append(pairs.known_upper(op.known, axes, shape)[side])
+      windows = (link.window_of(0), link.window_of(1))
+      upper, far, band = pairs.known_regions(op.known, axes, shape, windows)[side]
+      if band and windows[side] is None:
+        link.propose_window(side, band)
+      uppers.append(upper)
+      fars.append(far)
   dtypes = [op.aval.dtype for op in eqn.operands]
-  return pairs.elementwise_upper(eqn.primitive, params, uppers, dtypes,
-                                 eqn.out_avals[0].dtype)
+  out_dtype = eqn.out_avals[0].dtype
+  return (pairs.elementwise_upper(eqn.primitive, params, uppers, dtypes, out_dtype),
+          pairs.elementwise_upper(eqn.primitive, params, fars, dtypes, out_dtype))
 
 
 # ---------------------------------------------------------------- consuming
@@ -278,6 +284,10 @@ def dot_rule(eqn: Eqn, *, dimension_numbers, **params) -> StepForm:
                  upper.const is not None and upper.const == 0, "not_zero")
   else:
     _check_upper(eqn, pair, query, key, upper, "contracts", upper.exact)
+  far = pair.fars[pair.axes.index(query)]
+  if not (_is_zero(upper) and _is_zero(far)):
+    pair.link.refuse_ring()
+  length = eqn.operands[index].aval.shape[key]
   out_axis = _dot_out_axis(eqn, dimension_numbers, index, query)
   numbers = [[tuple(lc), tuple(rc)], [tuple(lb), tuple(rb)]]
   for group in numbers:
@@ -285,17 +295,21 @@ def dot_rule(eqn: Eqn, *, dimension_numbers, **params) -> StepForm:
   step_numbers = tuple(tuple(tuple(d) for d in group) for group in numbers)
 
   def step(cache, i, args):
-    values = list(args)
+    values, ring = list(args), pair.link.ring(length)
     if other.stream is not None:
-      cache = lax.dynamic_update_index_in_dim(cache, args[1 - index], i, partner)
+      cache = rings.write(cache, args[1 - index], i, partner, ring)
       values[1 - index] = cache
+    else:
+      values[1 - index] = rings.key_row(args[1 - index], partner, i, ring)
     return cache, forms.bind(eqn, values, params, dimension_numbers=step_numbers)
 
   def prefill(args):
-    values, cache = list(args), ()
+    values, cache = list(args), None
     if other.stream is not None:
-      cache = _cache_prefill(other.aval, args[1 - index], partner)
-      values[1 - index] = cache
+      prefix = args[1 - index]
+      values[1 - index] = rings.from_prefix(other.aval, prefix, partner, eqn.offset, None)
+      cache = rings.from_prefix(other.aval, prefix, partner, eqn.offset,
+                                pair.link.ring(length))
     return cache, forms.bind(eqn, values, params,
                              dimension_numbers=dimension_numbers)
 
@@ -310,6 +324,13 @@ def _dot_out_axis(eqn: Eqn, dimension_numbers, index: int, axis: int) -> int:
 
 
 _NEEDS = {"reduce_max": lambda u: u.exact or u.neg_huge}
+# What a reduction over key time needs of the parts a ring leaves out.
+_RING_NEEDS = {"reduce_max": lambda u: u.neg_huge,
+               "reduce_sum": lambda u: u.const is not None and u.const == 0}
+
+
+def _is_zero(upper: Upper) -> bool:
+  return upper.const is not None and upper.const == 0
 _KEEP_CONST = {"reduce_max", "reduce_min", "reduce_and", "reduce_or"}
 _KEEP_HUGE = {"reduce_max", "reduce_min", "reduce_sum"}
 
@@ -328,21 +349,25 @@ def reduction_rule(eqn: Eqn, *, axes, **params) -> StepForm:
     query, upper = pair.oriented(key, name, eqn.where)
     _check_upper(eqn, pair, query, key, upper, "reduces",
                  _NEEDS.get(name, lambda u: u.exact)(upper))
+    ring_ok = _RING_NEEDS.get(name, lambda u: False)
+    if not (ring_ok(upper) and ring_ok(pair.fars[pair.axes.index(query)])):
+      pair.link.refuse_ring()
     out_axis = query - sum(a < query for a in axes)
     step_axes = forms.drop_dim(axes, query)
 
     def fn(index, args):
       return forms.bind(eqn, args, params, axes=step_axes)
 
-    return _stateless(eqn, [eqn.stream(out_axis)], fn, dict(params, axes=axes))
+    return stateless(eqn, [eqn.stream(out_axis)], fn, dict(params, axes=axes))
   moved = tuple(int(a - sum(r < a for r in axes)) for a in pair.axes)
-  uppers = tuple(_reduced_upper(u, name) for u in pair.uppers)
-  out = pair._replace(axes=moved, uppers=uppers, offset=eqn.offset)
+  uppers = (_reduced_upper(pair.uppers[0], name), _reduced_upper(pair.uppers[1], name))
+  fars = (_reduced_upper(pair.fars[0], name), _reduced_upper(pair.fars[1], name))
+  out = pair._replace(axes=moved, uppers=uppers, fars=fars, offset=eqn.offset)
 
   def fn_other(index, args):
     return forms.bind(eqn, args, params, axes=forms.drop_dim(axes, pair.sides()[0]))
 
-  return _stateless(eqn, [out], fn_other, dict(params, axes=axes))
+  return stateless(eqn, [out], fn_other, dict(params, axes=axes))
 
 
 def _reduced_upper(upper: Upper, name: str) -> Upper:
@@ -354,7 +379,7 @@ def _reduced_upper(upper: Upper, name: str) -> Upper:
                upper.neg_huge and name in _KEEP_HUGE)
 
 
-def _stateless(eqn: Eqn, outs: Sequence, fn, params) -> StepForm:
+def stateless(eqn: Eqn, outs: Sequence, fn, params) -> StepForm:
   """A stateless form whose prefill binds the op on the prefix at once; a
   pair's prefix is its first rows, whole. `params`: the equation's, or a
   function giving them once the query axis is known (for ops whose
@@ -369,93 +394,11 @@ def _stateless(eqn: Eqn, outs: Sequence, fn, params) -> StepForm:
   return StepForm(tuple(outs), step, prefill)
 
 
-# ---------------------------------------------------------------- shapes
-
-
-def _moved_pair(eqn: Eqn, axes) -> Pair:
-  pair = eqn.operands[0].pair
-  first, second = (int(a) for a in axes)
-  return Pair((first, second), eqn.offset, pair.uppers, pair.link)
-
-
-def broadcast_rule(eqn: Eqn, *, shape, broadcast_dimensions, **params) -> StepForm:
-  """Broadcasts a pair; its time axes move, keeping their lengths."""
-  pair, dims = eqn.operands[0].pair, broadcast_dimensions
-  sizes = eqn.operands[0].aval.shape
-  if any(sizes[a] != shape[dims[a]] for a in pair.axes):
-    raise eqn.error(SHAPE_TIME.format(axes=pair.axes))
-
-  def fn(index, args):
-    query = pair.sides()[0]
-    return forms.bind(eqn, args, params, shape=forms.drop_entry(shape, dims[query]),
-                      broadcast_dimensions=forms.drop_dim(
-                          forms.drop_entry(dims, query), dims[query]))
-
-  def prefill_params():
-    prefix_shape = list(shape)
-    prefix_shape[dims[pair.sides()[0]]] = eqn.offset
-    return dict(params, shape=tuple(prefix_shape), broadcast_dimensions=dims)
-
-  out = _moved_pair(eqn, (dims[a] for a in pair.axes))
-  return _stateless(eqn, [out], fn, prefill_params)
-
-
-def transpose_rule(eqn: Eqn, *, permutation, **params) -> StepForm:
-  """Transposes a pair; its time axes move with the permutation."""
-  pair = eqn.operands[0].pair
-
-  def fn(index, args):
-    return forms.bind(eqn, args, params,
-                      permutation=forms.drop_dim(permutation, pair.sides()[0]))
-
-  out = _moved_pair(eqn, (permutation.index(a) for a in pair.axes))
-  return _stateless(eqn, [out], fn, dict(params, permutation=permutation))
-
-
-def reshape_rule(eqn: Eqn, *, new_sizes, dimensions, **params) -> StepForm:
-  """Reshapes a pair that keeps both time axes whole."""
-  pair, shape = eqn.operands[0].pair, eqn.operands[0].aval.shape
-  moved = [rules_shape.reshape_axis(shape, a, new_sizes) for a in pair.axes]
-  if None in moved or dimensions is not None or moved[0] == moved[1]:
-    raise eqn.error(SHAPE_TIME.format(axes=pair.axes))
-  where = dict(zip(pair.axes, moved))
-
-  def fn(index, args):
-    query = pair.sides()[0]
-    return forms.bind(eqn, args, params, dimensions=None,
-                      new_sizes=forms.drop_entry(new_sizes, where[query]))
-
-  def prefill_params():
-    sizes = list(new_sizes)
-    sizes[where[pair.sides()[0]]] = eqn.offset
-    return dict(params, new_sizes=tuple(sizes), dimensions=None)
-
-  return _stateless(eqn, [_moved_pair(eqn, moved)], fn, prefill_params)
-
-
-def squeeze_rule(eqn: Eqn, *, dimensions, **params) -> StepForm:
-  """Squeezes axes other than the time axes of a pair."""
-  pair = eqn.operands[0].pair
-  if set(dimensions) & set(pair.axes):
-    raise eqn.error(SHAPE_TIME.format(axes=pair.axes))
-
-  def fn(index, args):
-    return forms.bind(eqn, args, params,
-                      dimensions=forms.drop_dim(dimensions, pair.sides()[0]))
-
-  out = _moved_pair(eqn, (a - sum(d < a for d in dimensions) for a in pair.axes))
-  return _stateless(eqn, [out], fn, dict(params, dimensions=dimensions))
-
-
 def _register_all() -> None:
   # Elementwise ops, reductions and calls register their pair rules with
-  # their other rules (rules_elementwise, rules_control).
-  prims = _compat.scan_primitives
-  PAIR_RULES[prims.dot_general_p] = dot_rule
-  PAIR_RULES[prims.broadcast_in_dim_p] = broadcast_rule
-  PAIR_RULES[prims.transpose_p] = transpose_rule
-  PAIR_RULES[prims.reshape_p] = reshape_rule
-  PAIR_RULES[prims.squeeze_p] = squeeze_rule
+  # their other rules (rules_elementwise, rules_control); shape ops in
+  # rules_pair_shapes.
+  PAIR_RULES[_compat.scan_primitives.dot_general_p] = dot_rule
 
 
 _register_all()

@@ -165,3 +165,33 @@ def test_attention_that_is_not_causal_raises(fn, match):
   with pytest.raises(lift.ScanConversionError, match=match) as info:
     lift.as_scan(fn, jnp.ones((T, T)))
   assert 'test_attention_forms.py' in str(info.value)
+
+
+WINDOW, LONG = 3, 7
+
+
+def banded(x, far=-jnp.inf):
+  """Attention over the last WINDOW keys; `far`: what the keys before the window get."""
+  position = jnp.arange(x.shape[0])
+  distance = position[:, None] - position[None, :]
+  scores = jnp.where(distance < 0, -jnp.inf, jnp.where(distance < WINDOW, x @ x.T, far))
+  return jax.nn.softmax(scores) @ x
+
+
+def decayed(x):  # keys before the window count half: the band is not a window
+  position = jnp.arange(x.shape[0])
+  distance = position[:, None] - position[None, :]
+  weights = jnp.where(distance < 0, 0.0, jnp.where(distance < WINDOW, 1.0, 0.5))
+  return weights @ jnp.tanh(x) + (weights * (x @ x.T)) @ x
+
+
+@pytest.mark.parametrize('g, cache_length', [(banded, WINDOW), (decayed, LONG)],
+                         ids=['sliding_window_ring', 'decay_keeps_history'])
+def test_a_sliding_window_keeps_a_ring_of_its_size(g, cache_length):
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((LONG, 2)), jnp.float32)
+  check_scan(g, x, prefill=[1, 5], rtol=tolerance(np.float32, DEPTH),
+             atol=tolerance(np.float32, DEPTH))
+  _, carry = lift.as_scan(g, x)
+  caches = [leaf.shape for leaf in jax.tree.leaves(carry.states)]
+  assert caches and all(cache_length in shape and (cache_length == LONG or LONG not in shape)
+                        for shape in caches), caches
