@@ -134,6 +134,8 @@ NOT_CAUSAL = {
     'cond_branches_differ': (lambda x: lax.cond(  # time on axis 0, or 1
         jnp.sum(XS) > 0, lambda y: jnp.broadcast_to(y[:, :1], (T, T)), lambda y: jnp.broadcast_to(y[:, 0], (T, T)), x),
                              '`cond`.*branches give results that vary along time differently'),
+    'scatter_at_positions_from_data': (lambda x: x.at[jnp.argmax(x, 1)].set(0.0),
+                                       '`scatter`.*positions vary along time'),
     'strided': (lambda x: jnp.repeat(x[::2], 2, axis=0), '`slice`.*stride'),
     'first_element': (lambda x: x * x[0][None], '`squeeze`.*removes the scan axis'),
 }
