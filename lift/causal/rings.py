@@ -14,7 +14,9 @@ from typing import Any
 import jax
 from jax import lax
 import jax.numpy as jnp
+import numpy as np
 
+from lift import _compat
 from lift.causal import frames
 
 
@@ -47,6 +49,20 @@ def key_row(value: jax.Array, axis: int, index: jax.Array, ring: int | None):
   if ring is None or value.shape[axis] == 1:
     return value
   return jnp.take(value, positions(index, ring), axis=axis)
+
+
+def compact(value: Any) -> Any:
+  """A concrete array with its broadcast axes (every slice alike) cut to
+  size 1, so a step closes over a mask's `[T, T]`, not `[batch, heads, T, T]`;
+  None for other values."""
+  if value is None or isinstance(value, _compat.Tracer) or not np.ndim(value):
+    return None
+  array = np.asarray(value)
+  for axis in range(array.ndim):
+    first = array.take([0], axis)
+    if array.shape[axis] > 1 and np.array_equal(array, np.broadcast_to(first, array.shape)):
+      array = first
+  return array
 
 
 def resized(shape, axis: int, ring: int | None) -> tuple:

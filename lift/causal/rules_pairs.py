@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
 from lift import _compat
@@ -136,6 +137,8 @@ def elementwise_rule(eqn: Eqn, query_axis: int | None = None, **params) -> StepF
   pair = Pair(axes, eqn.offset, (regions[0][0], regions[1][0]), link,
               (regions[0][1], regions[1][1]))
   length = eqn.out_avals[0].shape[axes[0]]
+  compact = [rings.compact(op.known) if op.stream is None and op.pair is None else None
+             for op in eqn.operands]
 
   def key_streams(key):
     return [i for i, op in enumerate(eqn.operands)
@@ -148,10 +151,15 @@ def elementwise_rule(eqn: Eqn, query_axis: int | None = None, **params) -> StepF
     for c, i in enumerate(key_streams(key)):
       caches[c] = rings.write(caches[c], args[i], index, key, ring)
       values[i] = frames.step_slice(caches[c], query, index)
+    row_shape = forms.drop_entry(rings.resized(eqn.out_avals[0].shape, key, ring), query)
     for i, op in enumerate(eqn.operands):
       if op.pair is None and op.aval.ndim and (op.stream is None or op.axis == query):
-        row = args[i] if op.stream is not None else frames.step_slice(args[i], query, index)
-        values[i] = rings.key_row(row, row_key, index, ring)
+        if op.stream is not None:
+          values[i] = rings.key_row(args[i], row_key, index, ring)
+        else:  # known masks are kept with their broadcast axes of size 1
+          whole = args[i] if compact[i] is None else compact[i]
+          row = rings.key_row(frames.step_slice(whole, query, index), row_key, index, ring)
+          values[i] = jnp.broadcast_to(row, row_shape)
     return tuple(caches), forms.bind(eqn, values, params)
 
   def prefill(args):
