@@ -104,8 +104,9 @@ TIME = {
     'cumlogsumexp': lambda x: lax.cumlogsumexp(x, 0),
     'cumsum_features': lambda x: jnp.cumsum(x, 1),
     'prompt': lambda x: jnp.cumsum(jnp.concatenate([PER_STEP[:2], x]), 0)[2:],
-    'cumulative_sum_initial_and_of_bools': lambda x: jnp.cumulative_sum(
-        x, axis=0, include_initial=True)[:-1] + jnp.cumsum(x > 0, 0, dtype=jnp.int32).astype(x.dtype),
+    'cumulative_sum_initial_and_of_bools': lambda x: (
+        jnp.cumulative_sum(x, axis=0, include_initial=True)[:-1]
+        + jnp.cumsum(x > 0, 0, dtype=jnp.int32).astype(x.dtype)),
     'writes_scatter_and_update_slice': lambda x: lax.dynamic_update_slice(lax.dynamic_update_slice(
         x.at[:, 0].set(0.0).at[2].set(1.0).at[:, 1].add(x[:, 2]).at[3, 2].max(5.0),
         jnp.zeros((2, 1)), (1, 1)), 2 * x[:, :1], (0, 2)),
