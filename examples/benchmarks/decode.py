@@ -9,8 +9,18 @@ ways, each one jitted `lax.scan` over the steps:
   (b) recompute the full forward over the whole token buffer at every step;
   (c) KV cache  a hand-written decoder with KV and convolution caches.
 
+A second model is written as a Flax user writes it: `flax.linen` blocks with
+`SelfAttention` and `mask=make_causal_mask(tokens)`, nothing about decoding
+but Flax's own `decode=True` switch. It generates three ways:
+
+  (d) as_scan   the step derived from its training-mode `apply` (the cache
+                comes from the causal mask, no annotation);
+  (e) Flax decode=True, the layer's own cache path, one token per `apply`;
+  (f) recompute its full forward at every step.
+
     python examples/benchmarks/decode.py           # prints a table and ratios
     python examples/benchmarks/decode.py --repeats 10
+    python examples/benchmarks/decode.py --tiny    # a quick check that it runs
 """
 from __future__ import annotations
 
@@ -19,6 +29,7 @@ import functools
 import time
 from typing import Callable, NamedTuple
 
+import flax.linen as flax_nn
 import jax
 from jax import lax
 import jax.numpy as jnp
@@ -155,6 +166,78 @@ def generate_kv_cache(cfg: Config, params: dict, first: jax.Array):
   return greedy(step, cache, first, cfg.steps)
 
 
+class FlaxBlock(flax_nn.Module):
+  cfg: Config
+  decode: bool
+
+  @flax_nn.compact
+  def __call__(self, x, mask):
+    attention = flax_nn.SelfAttention(num_heads=self.cfg.heads, decode=self.decode,
+                                      deterministic=True)
+    x = x + attention(flax_nn.RMSNorm()(x), mask=mask)
+    h = flax_nn.gelu(flax_nn.Dense(self.cfg.mlp)(flax_nn.RMSNorm()(x)))
+    return x + flax_nn.Dense(self.cfg.d_model)(h)
+
+
+class FlaxLM(flax_nn.Module):
+  """tokens [batch, T] -> logits [batch, T, vocab]; with `decode`, T is 1 and
+  positions and attention come from the 'cache' collection."""
+  cfg: Config
+  decode: bool = False
+
+  @flax_nn.compact
+  def __call__(self, tokens):
+    cfg = self.cfg
+    embed = flax_nn.Embed(cfg.vocab, cfg.d_model)
+    positions = self.param("pos", flax_nn.initializers.normal(0.1),
+                           (cfg.steps, cfg.d_model))
+    if self.decode:
+      ready = self.has_variable("cache", "position")
+      index = self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
+      position = lax.dynamic_slice_in_dim(positions, index.value, tokens.shape[1])
+      if ready:
+        index.value = index.value + 1
+      x, mask = embed(tokens) + position[None], None
+    else:
+      x = embed(tokens) + positions[None, :tokens.shape[1]]
+      mask = flax_nn.make_causal_mask(tokens)
+    for _ in range(cfg.depth):
+      x = FlaxBlock(cfg, self.decode)(x, mask)
+    return embed.attend(flax_nn.RMSNorm()(x))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def generate_flax_as_scan(cfg: Config, variables: dict, first: jax.Array):
+  model = FlaxLM(cfg)
+  example = jax.ShapeDtypeStruct((cfg.steps,), jnp.int32)
+  f, carry = as_scan(lambda tokens: model.apply(variables, tokens[None])[0], example)
+  return greedy(lambda c, token, t: f(c, token), carry, first, cfg.steps)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def generate_flax_decode(cfg: Config, variables: dict, first: jax.Array):
+  model = FlaxLM(cfg, decode=True)
+  cache = model.init(jax.random.PRNGKey(0), jnp.zeros((1, cfg.steps), jnp.int32))["cache"]
+
+  def step(cache, token, t):
+    logits, changed = model.apply({"params": variables["params"], "cache": cache},
+                                  token.reshape(1, 1), mutable=["cache"])
+    return changed["cache"], logits[0, 0]
+
+  return greedy(step, cache, first, cfg.steps)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def generate_flax_recompute(cfg: Config, variables: dict, first: jax.Array):
+  model = FlaxLM(cfg)
+
+  def step(tokens, token, t):
+    tokens = tokens.at[t].set(token)
+    return tokens, model.apply(variables, tokens[None])[0, t]
+
+  return greedy(step, jnp.zeros((cfg.steps,), jnp.int32), first, cfg.steps)
+
+
 def best_seconds(fns: dict[str, Callable], repeats: int) -> dict[str, float]:
   """Best wall time of each function over `repeats` rounds, after a compiling
   run; rounds interleave the functions so load changes hit all alike."""
@@ -169,33 +252,57 @@ def best_seconds(fns: dict[str, Callable], repeats: int) -> dict[str, float]:
   return best
 
 
+def report(title: str, steps: int, times: dict, tokens: dict) -> None:
+  """A table of tokens/s, and whether every method gave the first's tokens."""
+  print(title)
+  print(f"{'method':28s} {'tokens/s':>10s} {'ms':>9s}")
+  for name, secs in times.items():
+    print(f"{name:28s} {steps / secs:10.0f} {1e3 * secs:9.2f}")
+  first = next(iter(tokens.values()))
+  same = {name: bool(jnp.all(t == first)) for name, t in tokens.items()}
+  print(f"same greedy tokens as {next(iter(tokens))}: {same}")
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--tiny", action="store_true",
+                      help="tiny sizes and one round: checks that it runs")
   args = parser.parse_args()
   cfg = Config()
+  if args.tiny:
+    cfg = Config(vocab=32, d_model=16, heads=2, mlp=32, depth=2, kernel=3, steps=8)
+    args.repeats = 1
   params = init_params(jax.random.PRNGKey(0), cfg)
+  flax_variables = FlaxLM(cfg).init(jax.random.PRNGKey(0),
+                                    jnp.zeros((1, cfg.steps), jnp.int32))
   first = jnp.int32(1)
-  methods = {
-      "(a) as_scan step": generate_as_scan,
-      "(b) recompute prefix": generate_recompute,
-      "(c) hand-written KV cache": generate_kv_cache,
+  runs = {
+      "(a) as_scan step": functools.partial(generate_as_scan, cfg, params, first),
+      "(b) recompute prefix": functools.partial(generate_recompute, cfg, params, first),
+      "(c) hand-written KV cache": functools.partial(generate_kv_cache, cfg, params, first),
+      "(d) Flax LM, as_scan step": functools.partial(
+          generate_flax_as_scan, cfg, flax_variables, first),
+      "(e) Flax LM, decode=True": functools.partial(
+          generate_flax_decode, cfg, flax_variables, first),
+      "(f) Flax LM, recompute": functools.partial(
+          generate_flax_recompute, cfg, flax_variables, first),
   }
-  runs = {name: functools.partial(fn, cfg, params, first)
-          for name, fn in methods.items()}
   tokens = {name: run() for name, run in runs.items()}
   times = best_seconds(runs, args.repeats)
+  names = list(runs)
   print(f"{cfg.steps} tokens, d_model {cfg.d_model}, depth {cfg.depth}, "
         f"{jax.devices()[0].platform}")
-  print(f"{'method':28s} {'tokens/s':>10s} {'ms':>9s}")
-  for name, secs in times.items():
-    print(f"{name:28s} {cfg.steps / secs:10.0f} {1e3 * secs:9.2f}")
-  a, b, c = times.values()
+  report("JAX model, causal_self_attention:", cfg.steps,
+         {n: times[n] for n in names[:3]}, {n: tokens[n] for n in names[:3]})
+  a, b, c = (times[n] for n in names[:3])
   print(f"(a) is {b / a:.1f}x faster than (b); (a) takes {a / c:.2f}x the "
         f"time of (c)")
-  same = [bool(jnp.all(t == tokens["(a) as_scan step"]))
-          for t in tokens.values()]
-  print(f"same greedy tokens as (a): {dict(zip(methods, same))}")
+  report("Flax LM, SelfAttention + make_causal_mask:", cfg.steps,
+         {n: times[n] for n in names[3:]}, {n: tokens[n] for n in names[3:]})
+  d, e, f = (times[n] for n in names[3:])
+  print(f"(d) is {f / d:.1f}x faster than (f); (d) has {e / d:.2f}x the "
+        f"tokens/s of (e)")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,12 @@ OUTPUT_SHAPE = (
     "output leaf to have length {length} (the input length) along axis 0. Fix: return one "
     "output step per input step, along axis 0."
 )
+OUTPUT_PAIR = (
+    "output {index} of the function varies along time on two axes (from {origin}): "
+    "it pairs every position with every other, like attention scores. Fix: reduce "
+    "or contract the key-time axis behind a causal mask (softmax, weights @ values), "
+    "or wrap the composite with @lift.custom_causal."
+)
 OUTPUT_AXIS = (
     "output {index} of the function varies along axis {axis}, not axis 0; "
     "lax.scan stacks step outputs along axis 0. Fix: move the time axis to the "
@@ -158,6 +164,9 @@ def _check_output_shapes(shapes, length: int) -> None:
 
 def _check_output_infos(program: Program) -> None:
   for index, info in enumerate(program.out_infos):
+    link = getattr(info, "link", None)  # a value with two time axes
+    if link is not None:
+      raise ScanConversionError(OUTPUT_PAIR.format(index=index, origin=link.origin))
     if isinstance(info, NotCausal):
       raise ScanConversionError(f'{info.message}\n  {interpreter.FIX}')
     if isinstance(info, Stream) and info.axis != 0:

@@ -42,6 +42,18 @@ NO_RULE = (
 CANNOT_CONVERT = (
     "as_scan cannot convert `{name}` at {where}: {why}\n  operands: {operands}\n  " + FIX
 )
+NO_PAIR_RULE = (
+    "as_scan cannot convert `{name}` at {where}: operand {index} has two time "
+    "axes (query and key time, like attention scores; from {origin}), and `{name}` "
+    "has no rule for such values.\n  operands: {operands}\n  Fix: reduce or "
+    "contract the key-time axis first (softmax over keys, weights @ values), "
+    "behind a causal mask; or wrap the attention with @lift.custom_causal."
+)
+PAIR_ELSEWHERE = (
+    "as_scan cannot convert `{name}` at {where}: operand {index} has two time "
+    "axes (from {origin}) and starts {ahead} element(s) after the other operands "
+    "along time; a value with two time axes cannot be delayed."
+)
 NOT_CAUSAL_USE = "{message}\n  (used by `{name}` at {where})\n  " + FIX
 BAD_RULE = (
     "the as_scan rule for `{name}` returned {got} results; the primitive has "
@@ -69,7 +81,9 @@ class NotCausal(NamedTuple):
   message: str
 
 
-Info = Stream | NotCausal | None  # None: unscanned
+# None: unscanned. A `pairs.Pair` (two time axes) is an info too; it is not
+# named here to keep this module free of the pair analysis.
+Info = Stream | NotCausal | Any | None
 
 
 class Operand(NamedTuple):
@@ -77,6 +91,7 @@ class Operand(NamedTuple):
   aval: Any  # type of the whole value, scan axis included
   stream: Stream | None  # None: it does not vary along the scan axis
   known: Any = None  # the whole value, when known at conversion time
+  pair: Any = None  # a `pairs.Pair` when it has two time axes (then stream is None)
 
   @property
   def axis(self) -> int | None:
@@ -93,7 +108,7 @@ class Eqn(NamedTuple):
 
   def stream(self, axis: int, shift: int = 0) -> Stream:
     """A result on `axis`, `shift` elements ahead of the operands."""
-    return Stream(axis, self.offset + shift)
+    return Stream(int(axis), self.offset + shift)
 
   def error(self, why: str) -> ScanConversionError:
     """A `ScanConversionError` naming this primitive, its operands and why."""
@@ -130,6 +145,9 @@ ScanRule = Callable[..., StepForm]
 
 
 SCAN_RULES: dict[_compat.Primitive, ScanRule] = {}
+# Rules for equations with an operand that has two time axes (a `pairs.Pair`),
+# filled by `rules_pairs`; an equation without one uses `SCAN_RULES`.
+PAIR_RULES: dict[_compat.Primitive, ScanRule] = {}
 
 
 def register_scan_rule(primitive: _compat.Primitive, rule: ScanRule) -> None:
@@ -157,7 +175,8 @@ def describe(operands: Sequence[Operand]) -> str:
   """`f32[8,3] scan axis 0, f32[3] unscanned`, for messages."""
   return ", ".join(
       f"{op.aval.str_short()} " + (
-          "unscanned" if op.stream is None else f"scan axis {op.axis}")
+          ("unscanned" if op.stream is None else f"scan axis {op.axis}")
+      if op.pair is None else f"time axes {op.pair.axes}")
       for op in operands)
 
 
@@ -194,6 +213,10 @@ class _Env:
     for var, value in zip(variables, values, strict=True):
       if not isinstance(var, _compat.DropVar):
         self.values[var] = value
+
+
+def _is_pair(info: Info) -> bool:
+  return hasattr(info, "link")
 
 
 def _info(var, infos: _Env) -> Info:
@@ -246,8 +269,11 @@ def _convert_unscanned(eqn, infos: _Env, known: _Env,
   args = [known.read(v) for v in eqn.invars]
   if any(arg is None for arg in args):
     return [Instr(eqn, None, (), (), 0)]
+  # Concrete inputs (literals, values built from them, concrete arrays passed
+  # in, such as a mask reaching an inner jit) give concrete results.
   concrete = all(isinstance(v, _compat.Literal) or v in from_literals
-                 for v in eqn.invars)
+                 or not isinstance(arg, _compat.Tracer)
+                 for v, arg in zip(eqn.invars, args))
   known.write(eqn.outvars, hoist(eqn, args, concrete))
   if concrete:
     from_literals.update(eqn.outvars)
@@ -270,16 +296,10 @@ def hoist(eqn, args: list, concrete: bool) -> list:
 def _convert_stream(eqn, op_infos, infos: _Env, known: _Env,
                     where: str) -> Instr:
   offset = min(info.offset for info in op_infos if info is not None)
-  operands = tuple(
-      Operand(v.aval, None if i is None else Stream(i.axis, offset),
-              known.read(v))
-      for v, i in zip(eqn.invars, op_infos))
+  operands = tuple(_operand(v, i, offset, known) for v, i in zip(eqn.invars, op_infos))
   view = Eqn(eqn.primitive, operands, tuple(v.aval for v in eqn.outvars),
              offset, where)
-  rule = SCAN_RULES.get(eqn.primitive)
-  if rule is None:
-    raise ScanConversionError(NO_RULE.format(
-        name=eqn.primitive.name, where=where, operands=describe(operands)))
+  rule = _rule(view, op_infos)
   form = rule(view, **eqn.params)
   if len(form.outs) != len(eqn.outvars):
     raise ScanConversionError(BAD_RULE.format(
@@ -289,6 +309,39 @@ def _convert_stream(eqn, op_infos, infos: _Env, known: _Env,
                  if info is not None and info.offset > offset)
   axes = tuple(op.axis for op in operands)
   return Instr(eqn, form, delays, axes, offset)
+
+
+def _operand(var, info: Info, offset: int, known: _Env) -> Operand:
+  if info is None:
+    return Operand(var.aval, None, known.read(var))
+  if _is_pair(info):
+    return Operand(var.aval, None, known.read(var), info)
+  assert isinstance(info, Stream), "poisoned operands raise before"
+  return Operand(var.aval, Stream(info.axis, offset), known.read(var))
+
+
+def _rule(eqn: Eqn, op_infos) -> ScanRule:
+  """The rule for `eqn`: a pair rule when an operand has two time axes."""
+  paired = [i for i, info in enumerate(op_infos) if _is_pair(info)]
+  name = eqn.primitive.name
+  for index in paired:
+    pair = op_infos[index]
+    if pair.offset > eqn.offset:
+      raise ScanConversionError(PAIR_ELSEWHERE.format(
+          name=name, where=eqn.where, index=index, origin=pair.link.origin,
+          ahead=pair.offset - eqn.offset))
+  if paired:
+    rule = PAIR_RULES.get(eqn.primitive)
+    if rule is None:
+      raise ScanConversionError(NO_PAIR_RULE.format(
+          name=name, where=eqn.where, index=paired[0],
+          origin=op_infos[paired[0]].link.origin, operands=describe(eqn.operands)))
+    return rule
+  rule = SCAN_RULES.get(eqn.primitive)
+  if rule is None:
+    raise ScanConversionError(NO_RULE.format(
+        name=name, where=eqn.where, operands=describe(eqn.operands)))
+  return rule
 
 
 def _poison_if_ahead(eqn: Eqn, info: Info) -> Info:

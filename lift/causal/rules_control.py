@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import jax
 from jax import lax
 
 from lift import _compat
@@ -58,7 +59,8 @@ def call_rule(param: str):
   def rule(eqn: Eqn, **params) -> StepForm:
     jaxpr, consts = _jaxpr_and_consts(params[param])
     program = interpreter.convert(
-        jaxpr, consts, [op.stream for op in eqn.operands],
+        jaxpr, consts, [op.stream if op.pair is None else op.pair
+                        for op in eqn.operands],
         [op.known for op in eqn.operands], where=eqn.where)
     return program_form(eqn, program)
 
@@ -185,15 +187,131 @@ def _scan_per_element(eqn: Eqn, jaxpr, num_consts, num_carry, *, length,
   return StepForm(tuple(infos) + tuple(ys), step, prefill)
 
 
+BRANCHES_DIFFER = (
+    "its branches give results that vary along time differently ({infos}); "
+    "every branch must return each result with the same time axis and shift."
+)
+PREDICATE_OVER_TIME = (
+    "the loop's condition varies along time: each element would run its own "
+    "number of iterations of a whole-sequence body."
+)
+LOOP_STATE = (
+    "its body keeps state along time (a cumulative op, a shift, a cache); "
+    "each iteration would need its own. Only a body acting on each element "
+    "alone (elementwise ops, per-element matmuls) converts."
+)
+
+
+def cond_rule(eqn: Eqn, *, branches, **params) -> StepForm:
+  """`cond`/`switch` with an unscanned index: each branch converted, the
+  step runs the chosen one and keeps every branch's state."""
+  del params
+  ops = eqn.operands[1:]
+
+  def convert(out_offsets=None):
+    programs = []
+    for branch in branches:
+      jaxpr, consts = _jaxpr_and_consts(branch)
+      programs.append(interpreter.convert(
+          jaxpr, consts, [op.stream if op.pair is None else op.pair for op in ops],
+          [op.known for op in ops], out_offsets, where=eqn.where))
+    return programs
+
+  programs = convert()
+  # A branch whose result runs ahead (a shift) is delayed to the others' offset.
+  offsets = [min((getattr(info, "offset", 0) for info in column), default=0)
+             for column in zip(*(p.out_infos for p in programs))]
+  programs = convert([o if any(isinstance(i, Stream) for i in column) else None
+                      for o, column in zip(offsets, zip(*(p.out_infos for p in programs)))])
+  infos = [p.out_infos for p in programs]
+  if any(i != infos[0] for i in infos):
+    raise eqn.error(BRANCHES_DIFFER.format(infos=infos))
+
+  def step(states, index, args):
+    def run(k):
+      def branch(states, rest):
+        state, outs = interpreter.run_step(programs[k], states[k], index - eqn.offset,
+                                           rest)
+        return states[:k] + (state,) + states[k + 1:], outs
+      return branch
+    return lax.switch(args[0], [run(k) for k in range(len(programs))], states,
+                      list(args[1:]))
+
+  def prefill(args):
+    results = [interpreter.run_prefill(p, list(args[1:])) for p in programs]
+    states = tuple(state for state, _ in results)
+    outs = lax.switch(args[0], [lambda k=k: results[k][1] for k in range(len(results))])
+    return states, list(outs)
+
+  return StepForm(programs[0].out_infos, step, prefill)
+
+
+def while_rule(eqn: Eqn, *, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts
+               ) -> StepForm:
+  """`while_loop` over values varying along time, with a condition that does
+  not: the loop runs whole for each element."""
+  cond_ops = eqn.operands[:cond_nconsts]
+  body_ops = eqn.operands[cond_nconsts:cond_nconsts + body_nconsts]
+  carry_ops = eqn.operands[cond_nconsts + body_nconsts:]
+  carry = [op.stream for op in carry_ops]
+  for _ in range(2):
+    body = interpreter.convert(
+        body_jaxpr.jaxpr, body_jaxpr.consts, [op.stream for op in body_ops] + carry,
+        [op.known for op in body_ops] + [None] * len(carry), where=eqn.where)
+    after = list(body.out_infos)
+    if after == carry:
+      break
+    carry = [a if b is None and isinstance(a, Stream) else b for a, b in zip(after, carry)]
+  if after != carry:
+    raise eqn.error(CARRY_AXIS.format(index=0, before=carry, after=after))
+  cond = interpreter.convert(
+      cond_jaxpr.jaxpr, cond_jaxpr.consts, [op.stream for op in cond_ops] + carry,
+      [op.known for op in cond_ops] + [None] * len(carry), where=eqn.where)
+  if cond.out_infos[0] is not None:
+    raise eqn.error(PREDICATE_OVER_TIME)
+  promoted = [op.stream is None and info is not None for op, info in zip(carry_ops, carry)]
+
+  def split(args):
+    return (list(args[:cond_nconsts]), list(args[cond_nconsts:cond_nconsts + body_nconsts]),
+            list(args[cond_nconsts + body_nconsts:]))
+
+  def loop(states, args, t, runner, values):
+    cond_consts, body_consts, init = split(args)
+    init = [values(c, info) if p else c for c, info, p in zip(init, carry, promoted)]
+    return lax.while_loop(
+        lambda c: runner(cond, states[0], t, cond_consts + list(c))[1][0],
+        lambda c: tuple(runner(body, states[1], t, body_consts + list(c))[1]), tuple(init))
+
+  def step(states, index, args):
+    def run(program, state, t, inputs):
+      return interpreter.run_step(program, state, t, inputs)
+    return states, list(loop(states, args, index - eqn.offset, run,
+                             lambda c, info: frames.step_slice(c, info.axis, index)))
+
+  def prefill(args):
+    cond_consts, body_consts, init = split(args)
+    states = (interpreter.run_prefill(cond, cond_consts + init)[0],
+              interpreter.run_prefill(body, body_consts + init)[0])
+    if jax.tree.leaves(states):
+      raise eqn.error(LOOP_STATE)
+    outs = loop(states, args, None, lambda p, s, t, inputs: interpreter.run_prefill(p, inputs),
+                lambda c, info: frames.prefix_slice(c, info.axis, eqn.offset))
+    return states, list(outs)
+
+  return StepForm(tuple(carry), step, prefill)
+
+
 def _register_all() -> None:
   prims = _compat.scan_primitives
   register_scan_rule(prims.scan_p, scan_rule)
-  register_scan_rule(prims.jit_p, call_rule("jaxpr"))
-  register_scan_rule(prims.closed_call_p, call_rule("call_jaxpr"))
-  register_scan_rule(prims.call_p, call_rule("call_jaxpr"))
-  register_scan_rule(prims.remat_p, call_rule("jaxpr"))
-  register_scan_rule(prims.custom_jvp_call_p, call_rule("call_jaxpr"))
-  register_scan_rule(prims.custom_vjp_call_p, call_rule("call_jaxpr"))
+  for prim, param in ((prims.jit_p, "jaxpr"), (prims.closed_call_p, "call_jaxpr"),
+                      (prims.call_p, "call_jaxpr"), (prims.remat_p, "jaxpr"),
+                      (prims.custom_jvp_call_p, "call_jaxpr"),
+                      (prims.custom_vjp_call_p, "call_jaxpr")):
+    register_scan_rule(prim, call_rule(param))
+    interpreter.PAIR_RULES[prim] = call_rule(param)  # values with two time axes pass in
+  register_scan_rule(prims.cond_p, cond_rule)
+  register_scan_rule(prims.while_p, while_rule)
 
 
 _register_all()

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from lift import _compat
 from lift.causal import forms
-from lift.causal.interpreter import Eqn, StepForm, register_scan_rule
+from lift.causal import rules_pairs
+from lift.causal.interpreter import PAIR_RULES, Eqn, StepForm, register_scan_rule
 
 BROADCAST_STREAM = (
     "operand {index} holds {length} element(s) along the scan axis {axis} "
@@ -35,8 +36,15 @@ def elementwise_rule(eqn: Eqn, **params) -> StepForm:
   """Applies the primitive per element; unscanned operands are indexed.
 
   A rank-0 operand is a broadcast scalar; a size-1 axis broadcasts too.
+  Streams along two different axes make a value with two time axes (see
+  `rules_pairs`).
   """
+  if len({op.axis for op in eqn.operands if op.stream is not None}) > 1:
+    return rules_pairs.elementwise_rule(eqn, **params)
   axis = forms.common_axis(eqn)
+  query_axis = rules_pairs.promoted_axis(eqn, axis)
+  if query_axis is not None:
+    return rules_pairs.elementwise_rule(eqn, query_axis, **params)
   want = eqn.out_avals[0].shape[axis]
   for index, op in enumerate(eqn.operands):
     if op.stream is not None and op.aval.shape[axis] != want:
@@ -77,9 +85,11 @@ def _register_all() -> None:
   for name in ELEMENTWISE:
     if hasattr(prims, f"{name}_p"):
       register_scan_rule(getattr(prims, f"{name}_p"), elementwise_rule)
+      PAIR_RULES[getattr(prims, f"{name}_p")] = rules_pairs.elementwise_rule
   for name in REDUCTIONS:
     if hasattr(prims, f"{name}_p"):
       register_scan_rule(getattr(prims, f"{name}_p"), reduction_rule)
+      PAIR_RULES[getattr(prims, f"{name}_p")] = rules_pairs.reduction_rule
   register_scan_rule(prims.sharding_constraint_p, sharding_constraint_rule)
 
 

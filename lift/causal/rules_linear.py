@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from lift import _compat
 from lift.causal import forms
 from lift.causal import frames
+from lift.causal import rules_pairs
 from lift.causal.interpreter import Eqn, StepForm, register_scan_rule
 
 TWO_TIME_AXES = (
@@ -48,6 +49,8 @@ def dot_general_rule(eqn: Eqn, *, dimension_numbers, **params) -> StepForm:
   for index, contracting in enumerate((lc, rc)):
     if eqn.operands[index].axis in contracting:
       return _contract_with_mask(eqn, index, dimension_numbers, params)
+  if _pairs_times(eqn, dimension_numbers):
+    return rules_pairs.product_rule(eqn, dimension_numbers, params)
   removed = _dot_removed(eqn, lb, rb)
   out_axis = _dot_out_axis(eqn, dimension_numbers, removed)
   step_numbers = tuple(tuple(_drop(d, r) for d, r in zip(pair, removed))
@@ -58,6 +61,14 @@ def dot_general_rule(eqn: Eqn, *, dimension_numbers, **params) -> StepForm:
     return forms.bind(eqn, args, params, dimension_numbers=step_numbers)
 
   return forms.stateless(eqn, [eqn.stream(out_axis)], fn)
+
+
+def _pairs_times(eqn: Eqn, dimension_numbers) -> bool:
+  """Whether both operands vary along time on free axes (`q @ k.T`)."""
+  (lc, rc), (lb, rb) = dimension_numbers
+  lhs, rhs = eqn.operands
+  return (lhs.stream is not None and rhs.stream is not None
+          and lhs.axis not in (*lc, *lb) and rhs.axis not in (*rc, *rb))
 
 
 def _dot_removed(eqn: Eqn, lb, rb) -> tuple[int | None, int | None]:

@@ -108,10 +108,18 @@ def _non_causal_module(level):
   return as_scan(lambda z: LooksAhead().apply(variables, z[None])[0], x[0])
 
 
-def _masked_attention(x):
+def _masked_attention(x, mask):
   logits = jnp.einsum('qd,kd->qk', x, x)
-  mask = jnp.tril(jnp.ones((x.shape[0],) * 2, bool))
   return jax.nn.softmax(jnp.where(mask, logits, -1e9)) @ x
+
+
+def _upper_triangular_attention(x):  # each query sees itself and the later keys
+  return _masked_attention(x, jnp.triu(jnp.ones((x.shape[0],) * 2, bool)))
+
+
+def _masked_after_softmax(x):  # the softmax already summed over the later keys
+  weights = jax.nn.softmax(jnp.einsum('qd,kd->qk', x, x))
+  return jnp.where(jnp.tril(jnp.ones((x.shape[0],) * 2, bool)), weights, 1.0) @ x
 
 
 class Cumsum(nn.Module):
@@ -139,9 +147,16 @@ AS_SCAN = [
          'same positive length'),
     case('as_scan_with_prefill given a prefill of another shape', lambda: as_scan_with_prefill(
         jnp.tanh, XS, XS[:2, :2]), errors.ScanConversionError, 'prefill must have'),
-    case('as_scan of a hand-written causal attention', lambda: as_scan(
-        _masked_attention, jnp.linspace(0.0, 1.0, 3 * T).reshape(T, 3)),
-         errors.ScanConversionError, 'custom_causal'),
+    case('as_scan of attention with an upper-triangular mask', lambda: as_scan(
+        _upper_triangular_attention, jnp.linspace(0.0, 1.0, 3 * T).reshape(T, 3)),
+         errors.ScanConversionError, '`reduce_max`', 'over key time', 'not masked',
+         'lower-triangular in (query, key) = axes (0, 1)'),
+    case('as_scan of attention masked after the softmax', lambda: as_scan(
+        _masked_after_softmax, jnp.linspace(0.0, 1.0, 3 * T).reshape(T, 3)),
+         errors.ScanConversionError, '`reduce_max`', 'not masked'),
+    case('as_scan of a function returning attention scores', lambda: as_scan(
+        lambda x: x @ x.T, XS), errors.ScanConversionError, 'output 0',
+         'varies along time on two axes', '@lift.custom_causal'),
     case('nn.as_scan of a module looking ahead in time', lambda: _non_causal_module('module'),
          errors.ScanConversionError, 'conv_general_dilated', 'anti-causal'),
     case("as_scan of a function applying a module that looks ahead in time",

@@ -104,6 +104,12 @@ TIME = {
     'cumlogsumexp': lambda x: lax.cumlogsumexp(x, 0),
     'cumsum_features': lambda x: jnp.cumsum(x, 1),
     'prompt': lambda x: jnp.cumsum(jnp.concatenate([PER_STEP[:2], x]), 0)[2:],
+    'cumulative_sum_initial_and_of_bools': lambda x: (
+        jnp.cumulative_sum(x, axis=0, include_initial=True)[:-1]
+        + jnp.cumsum(x > 0, 0, dtype=jnp.int32).astype(x.dtype)),
+    'writes_scatter_and_update_slice': lambda x: lax.dynamic_update_slice(lax.dynamic_update_slice(
+        x.at[:, 0].set(0.0).at[2].set(1.0).at[:, 1].add(x[:, 2]).at[3, 2].max(5.0),
+        jnp.zeros((2, 1)), (1, 1)), 2 * x[:, :1], (0, 2)),
 }
 CONTROL = {
     'scan_rnn': lambda x: lax.scan(lambda c, a: (jnp.tanh(c + a), c * a), jnp.zeros(3), x)[1],
@@ -117,6 +123,11 @@ CONTROL = {
         lambda c, row: (c * 0.5 + row, None), jnp.zeros(x.shape[0]), x.T)[0][:, None],
     'scan_nested_time': lambda x: lax.scan(
         lambda h, w: (lax.scan(lambda c, a: (c + a * w, c), jnp.zeros(3), h)[1], None), x, LAYERS)[0],
+    'cond_traced_index': lambda x: lax.cond(jnp.sum(W) > 0, lambda y: jnp.cumsum(y, 0),
+                                            lambda y: shift(y), x),
+    'switch_static_index': lambda x: lax.switch(1, [jnp.sin, lambda y: lax.cummax(y, 0)], x),
+    'while_per_element': lambda x: lax.while_loop(
+        lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.tanh(c[1] * W[None, :, 0])), (0, x))[1],
     'jit': jax.jit(lambda x: jnp.sin(x) + shift(x)),
     'checkpoint': jax.checkpoint(lambda x: jnp.cumsum(jnp.sin(x), 0)),
     'checkpoint_name': lambda x: jax.ad_checkpoint.checkpoint_name(x, 'a'),
