@@ -16,3 +16,14 @@ def test_remat_memory_plot_prints_a_table_and_writes_a_png(tmp_path):
   assert run.returncode == 0, run.stdout + run.stderr
   assert 'nested' in run.stdout and 'depth 3' in run.stdout
   assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_trace_time_prints_the_ratio_table_and_writes_a_png(tmp_path):
+  out = tmp_path / 'trace.png'
+  run = subprocess.run(
+      [sys.executable, str(BENCHMARKS / 'trace_time.py'), '--depths', '2', '--repeats', '1',
+       '--d-model', '16', '--out', str(out)],
+      capture_output=True, text=True, check=False)
+  assert run.returncode == 0, run.stdout + run.stderr
+  assert 'linen_ext' in run.stdout and 'train step' in run.stdout and '(1.00x)' in run.stdout
+  assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
