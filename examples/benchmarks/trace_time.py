@@ -8,6 +8,8 @@ arithmetic on an explicit parameter dict. Each variant is traced with
 training step (`value_and_grad`), with the layers unrolled (a Python loop) and
 scanned (`nn.scan` / `flax.linen.scan` / `lax.scan`). Variants take turns;
 the table shows medians and the ratio to hand-written JAX, and a PNG the ratios.
+Two more rows time compiling and running the scanned training step, so that a
+faster trace is seen not to cost compile or step time.
 
     python examples/benchmarks/trace_time.py                       # depths 16 and 64
     python examples/benchmarks/trace_time.py --depths 4 --repeats 1 --out trace.png
@@ -138,6 +140,35 @@ def report(results: dict[tuple[str, int, str, str], float]) -> None:
     print(f"{kind:9s} {depth:5d} {what:11s} {cells}")
 
 
+def compile_and_step(cfg: Config, depth: int, repeats: int) -> dict[str, tuple[float, float]]:
+  """``{variant: (compile seconds, step seconds)}`` of the jitted scanned training step:
+  a faster trace must not cost compile or run time. Medians; the variants take turns."""
+  x = jax.random.normal(jax.random.key(1), (cfg.batch, cfg.seq, cfg.d_model))
+  found = variants(cfg, depth, True, x)
+  variables = jax.jit(stack_class(flax_nn, cfg, depth, True)().init)(jax.random.key(0), x)
+  compiled, compile_s, step_s = {}, {}, {}
+  for _ in range(repeats):
+    for name, (forward, _) in found.items():
+      start = time.perf_counter()
+      compiled[name] = jax.jit(training_step(forward)).lower(variables, x).compile()
+      compile_s.setdefault(name, []).append(time.perf_counter() - start)
+  for _ in range(repeats + 2):
+    for name, step in compiled.items():
+      start = time.perf_counter()
+      jax.block_until_ready(step(variables, x))
+      step_s.setdefault(name, []).append(time.perf_counter() - start)
+  return {name: (statistics.median(compile_s[name]), statistics.median(step_s[name][1:]))
+          for name in found}
+
+
+def report_compile_and_step(depth: int, found: dict[str, tuple[float, float]]) -> None:
+  compile_base, step_base = found["JAX"]
+  for what, i, base in (("compile", 0, compile_base), ("step", 1, step_base)):
+    cells = " ".join(f"{found[n][i] * 1e3:9.0f} ms ({found[n][i] / base:4.2f}x)"
+                     for n in (*LIBRARIES, "JAX"))
+    print(f"{'scan':9s} {depth:5d} {what:11s} {cells}")
+
+
 def plot(results: dict[tuple[str, int, str, str], float], out: str) -> None:
   import matplotlib
   matplotlib.use("Agg")
@@ -163,10 +194,15 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, int, str, str], float
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--d-model", type=int, default=256)
   parser.add_argument("--out", default="trace_time.png")
+  parser.add_argument("--compile-depth", type=int, default=16,
+                      help="also time compiling and running the scanned step (0: skip)")
   args = parser.parse_args(argv)
   cfg = Config(d_model=args.d_model)
   results = run(cfg, args.depths, args.repeats)
   report(results)
+  if args.compile_depth:
+    report_compile_and_step(args.compile_depth,
+                            compile_and_step(cfg, args.compile_depth, args.repeats))
   plot(results, args.out)
   return results
 
