@@ -9,12 +9,14 @@ ways, each one jitted `lax.scan` over the steps:
   (b) recompute the full forward over the whole token buffer at every step;
   (c) KV cache  a hand-written decoder with KV and convolution caches.
 
-A second model is written as a Flax user writes it: `flax.linen` blocks with
-`SelfAttention` and `mask=make_causal_mask(tokens)`, nothing about decoding
-but Flax's own `decode=True` switch. It generates three ways:
+A second model is written as a Flax user writes it: blocks with `SelfAttention`
+and `mask=make_causal_mask(tokens)`, nothing about decoding but Flax's own
+`decode=True` switch, once with `flax.linen` and once with `linen_ext` (the same
+code and variables). It generates three ways:
 
-  (d) as_scan   the step derived from its training-mode `apply` (the cache
-                comes from the causal mask, no annotation);
+  (d) as_scan   the step `nn.as_scan` derives from the linen_ext model's
+                training-mode `apply` (the cache comes from the causal mask,
+                no annotation);
   (e) Flax decode=True, the layer's own cache path, one token per `apply`;
   (f) recompute its full forward at every step.
 
@@ -34,6 +36,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+import linen_ext as nn
 from lift.causal import as_scan, causal_self_attention
 
 
@@ -166,52 +169,60 @@ def generate_kv_cache(cfg: Config, params: dict, first: jax.Array):
   return greedy(step, cache, first, cfg.steps)
 
 
-class FlaxBlock(flax_nn.Module):
-  cfg: Config
-  decode: bool
+def lm_class(lib) -> type:
+  """The LM as a `lib` user writes it (`lib` is flax.linen or linen_ext): tokens [batch, T]
+  -> logits [batch, T, vocab]; with `decode`, T is 1 and positions and attention come
+  from the 'cache' collection."""
+  class Block(lib.Module):
+    cfg: Config
+    decode: bool
 
-  @flax_nn.compact
-  def __call__(self, x, mask):
-    attention = flax_nn.SelfAttention(num_heads=self.cfg.heads, decode=self.decode,
-                                      deterministic=True)
-    x = x + attention(flax_nn.RMSNorm()(x), mask=mask)
-    h = flax_nn.gelu(flax_nn.Dense(self.cfg.mlp)(flax_nn.RMSNorm()(x)))
-    return x + flax_nn.Dense(self.cfg.d_model)(h)
+    @lib.compact
+    def __call__(self, x, mask):
+      attention = lib.SelfAttention(num_heads=self.cfg.heads, decode=self.decode,
+                                    deterministic=True)
+      x = x + attention(lib.RMSNorm()(x), mask=mask)
+      h = lib.gelu(lib.Dense(self.cfg.mlp)(lib.RMSNorm()(x)))
+      return x + lib.Dense(self.cfg.d_model)(h)
+
+  class LM(lib.Module):
+    cfg: Config
+    decode: bool = False
+
+    @lib.compact
+    def __call__(self, tokens):
+      cfg = self.cfg
+      embed = lib.Embed(cfg.vocab, cfg.d_model)
+      positions = self.param("pos", lib.initializers.normal(0.1), (cfg.steps, cfg.d_model))
+      if self.decode:
+        ready = self.has_variable("cache", "position")
+        index = self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
+        position = lax.dynamic_slice_in_dim(positions, index.value, tokens.shape[1])
+        if ready:
+          index.value = index.value + 1
+        x, mask = embed(tokens) + position[None], None
+      else:
+        x = embed(tokens) + positions[None, :tokens.shape[1]]
+        mask = lib.make_causal_mask(tokens)
+      for _ in range(cfg.depth):
+        x = Block(cfg, self.decode)(x, mask)
+      return embed.attend(lib.RMSNorm()(x))
+  return LM
 
 
-class FlaxLM(flax_nn.Module):
-  """tokens [batch, T] -> logits [batch, T, vocab]; with `decode`, T is 1 and
-  positions and attention come from the 'cache' collection."""
-  cfg: Config
-  decode: bool = False
-
-  @flax_nn.compact
-  def __call__(self, tokens):
-    cfg = self.cfg
-    embed = flax_nn.Embed(cfg.vocab, cfg.d_model)
-    positions = self.param("pos", flax_nn.initializers.normal(0.1),
-                           (cfg.steps, cfg.d_model))
-    if self.decode:
-      ready = self.has_variable("cache", "position")
-      index = self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
-      position = lax.dynamic_slice_in_dim(positions, index.value, tokens.shape[1])
-      if ready:
-        index.value = index.value + 1
-      x, mask = embed(tokens) + position[None], None
-    else:
-      x = embed(tokens) + positions[None, :tokens.shape[1]]
-      mask = flax_nn.make_causal_mask(tokens)
-    for _ in range(cfg.depth):
-      x = FlaxBlock(cfg, self.decode)(x, mask)
-    return embed.attend(flax_nn.RMSNorm()(x))
+FlaxLM, OurLM = lm_class(flax_nn), lm_class(nn)
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def generate_flax_as_scan(cfg: Config, variables: dict, first: jax.Array):
-  model = FlaxLM(cfg)
-  example = jax.ShapeDtypeStruct((cfg.steps,), jnp.int32)
-  f, carry = as_scan(lambda tokens: model.apply(variables, tokens[None])[0], example)
-  return greedy(lambda c, token, t: f(c, token), carry, first, cfg.steps)
+def generate_nn_as_scan(cfg: Config, variables: dict, first: jax.Array):
+  """The same LM written with `linen_ext` (same variables), decoded by `nn.as_scan`."""
+  example = jax.ShapeDtypeStruct((1, cfg.steps), jnp.int32)
+  f, carry = nn.as_scan(OurLM(cfg), variables, example, time_axis=1)
+
+  def step(carry, token, t):
+    carry, logits = f(carry, token[None])
+    return carry, logits[0]
+  return greedy(step, carry, first, cfg.steps)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -281,8 +292,8 @@ def main() -> None:
       "(a) as_scan step": functools.partial(generate_as_scan, cfg, params, first),
       "(b) recompute prefix": functools.partial(generate_recompute, cfg, params, first),
       "(c) hand-written KV cache": functools.partial(generate_kv_cache, cfg, params, first),
-      "(d) Flax LM, as_scan step": functools.partial(
-          generate_flax_as_scan, cfg, flax_variables, first),
+      "(d) LM, nn.as_scan step": functools.partial(
+          generate_nn_as_scan, cfg, flax_variables, first),
       "(e) Flax LM, decode=True": functools.partial(
           generate_flax_decode, cfg, flax_variables, first),
       "(f) Flax LM, recompute": functools.partial(
