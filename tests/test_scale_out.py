@@ -20,8 +20,6 @@ import traceback
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import linen_ext as nn
@@ -164,23 +162,21 @@ def run_checks():
   print(RESULT_MARK + json.dumps(results))
 
 
-@pytest.fixture(scope='module')
-def results():
+def test_on_8_devices_and_over_two_processes(tmp_path):
+  """The child's checks, then the job over 2 processes against the child's one-device
+  losses. One test, so one child per run (pytest-xdist would start one per worker for a
+  module fixture shared by several tests)."""
   proc = run_in_child('test_scale_out.run_checks', timeout=400)
   lines = [l for l in proc.stdout.splitlines() if l.startswith(RESULT_MARK)]
   assert lines, f'child failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}'
-  return json.loads(lines[-1][len(RESULT_MARK):])
-
-
-@pytest.mark.parametrize('name', ['lm_on_meshes', 'orbax', 'sharded_init', 'resume'])
-def test_on_8_devices(results, name):
-  assert results[name] == 'ok', results[name]
-
-
-def test_resume_on_another_mesh_continues_the_one_device_curve(results):
-  assert results['resume'] == 'ok', results['resume']
+  results = json.loads(lines[-1][len(RESULT_MARK):])
+  failed = {name: results[name] for name in ('lm_on_meshes', 'orbax', 'sharded_init', 'resume')
+            if results[name] != 'ok'}
+  assert not failed, '\n\n'.join(f'{name}:\n{why}' for name, why in failed.items())
   one_device = results['losses']['1']
+  # resumed on another mesh: the one-device curve continues
   np.testing.assert_allclose(results['resumed losses'][:STEPS], one_device, rtol=1e-4)
+  _check_two_processes_train_as_one_device(tmp_path, one_device)
 
 
 def _run_processes(out, *flags, timeout=120):
@@ -196,12 +192,12 @@ def _run_processes(out, *flags, timeout=120):
   return proc, time.perf_counter() - started
 
 
-def test_two_processes_train_as_one_device(results, tmp_path):
+def _check_two_processes_train_as_one_device(tmp_path, one_device):
   proc, _ = _run_processes(tmp_path)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.count('over 2 process(es)') == 2, proc.stdout[-2000:]
   losses = json.loads((tmp_path / 'history.json').read_text())['loss']
-  np.testing.assert_allclose(losses[:STEPS], results['losses']['1'], rtol=1e-5)
+  np.testing.assert_allclose(losses[:STEPS], one_device, rtol=1e-5)
 
 
 def test_a_lost_worker_ends_the_job_with_a_clear_message(tmp_path):

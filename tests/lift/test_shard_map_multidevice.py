@@ -127,14 +127,12 @@ def run_checks():
   print(RESULT_MARK + json.dumps(results))
 
 
-@pytest.fixture(scope='module')
-def results():
+def test_shard_map_checks_on_8_devices():
+  """Every check of CHECKS, in one child with 8 devices: one test, so one child per run
+  (pytest-xdist would start one per worker for a module fixture)."""
   proc = run_in_child('lift.test_shard_map_multidevice.run_checks')
   lines = [l for l in proc.stdout.splitlines() if l.startswith(RESULT_MARK)]
   assert lines, f'child failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}'
-  return json.loads(lines[-1][len(RESULT_MARK):])
-
-
-@pytest.mark.parametrize('name', list(CHECKS))
-def test_shard_map(results, name):
-  assert results[name] == 'ok', results[name]
+  results = json.loads(lines[-1][len(RESULT_MARK):])
+  failed = {name: results[name] for name in CHECKS if results[name] != 'ok'}
+  assert not failed, '\n\n'.join(f'{name}:\n{why}' for name, why in failed.items())
