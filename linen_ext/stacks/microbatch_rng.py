@@ -59,7 +59,10 @@ def _impl(count: int, base: str, width: int) -> Any:
 
 
 def microbatch_keys(keys: jax.Array, microbatch: Any, count: int) -> jax.Array:
-  """``keys`` (typed, or raw ``uint32[..., 2]``) as keys of microbatch ``microbatch`` of ``count``."""
+  """``keys`` (typed, or raw ``uint32[..., 2]``) as keys of microbatch ``microbatch``.
+
+  ``count`` is the number of microbatches the batch was split into.
+  """
   if not jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key):
     keys = jax.random.wrap_key_data(keys)
   base = str(jax.random.key_impl(keys))

@@ -3,8 +3,8 @@
 In one child interpreter (JAX fixes the device count when it starts): for both schedules,
 with dropout, the loss and gradients of the pipeline with its stage axis sharded over
 'stage' equal `fold`'s on one device; the compiled program moves activations with
-collective-permutes to the next stage and gathers nothing (no stage's variables); each device holds the rows of its
-stage only (compiled shardings).
+collective-permutes to the next stage and gathers nothing (no stage's variables); each
+device holds the rows of its stage only (compiled shardings).
 """
 import re
 
