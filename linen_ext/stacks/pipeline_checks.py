@@ -42,6 +42,11 @@ _CARRY = (
     'dtype (cast or project it back inside the block), or run the stack unpipelined '
     '(fold) if its layers change the shape.')
 
+CARRY_UNDER_INIT = (
+    'Stacked.pipeline (under init, which runs the stack as fold): {error} A pipeline passes '
+    'one activation buffer from stage to stage. Fix: keep the carry\'s structure, shape and '
+    'dtype inside the block, or run the stack unpipelined (fold).')
+
 
 def _positive(name: str, value: Any) -> int:
   if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -8,7 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 import lift
+from lift import errors as lift_errors
 
+from linen_ext import errors
 from linen_ext.stacks import pipeline_checks as checks
 from linen_ext.stacks.pipeline import (PipelinePlan, circular_order, lifted_pipeline,
                                        take_rows)
@@ -36,8 +38,12 @@ def run_pipeline(stack: Any, x: Any, *, stages: int, microbatches: int, schedule
   plan = PipelinePlan(stack.length, stages, microbatches, schedule, repeats, mesh_axis,
                       stack.remat)
   if stack.is_initializing():
-    if schedule == 'circular':
-      return _init_circular(stack, x, plan)
-    return stack.fold(x)
+    try:
+      return _init_circular(stack, x, plan) if schedule == 'circular' else stack.fold(x)
+    except (lift_errors.ScanBodyError, errors.LayerStackError) as error:
+      if isinstance(error, errors.PipelineError) or 'carry' not in str(error):
+        raise
+      detail = str(error).split(' Fix:')[0]
+      raise errors.PipelineCarryError(checks.CARRY_UNDER_INIT.format(error=detail)) from None
   run = lifted_pipeline(plan, stack._factory(), stack.metadata_params)
   return run(stack._bound_scope('Calling Stacked.pipeline'), x)

@@ -60,6 +60,10 @@ CASES = [
          'microbatches=1 is fewer than stages=2'),
     case('pipeline block changing the shape of its carry', _pipeline(Shrink),
          errors.PipelineCarryError, 'float32[1,4]', 'float32[1,3]', 'returns a carry like'),
+    case('pipeline init of a block changing the shape of its carry', lambda: nn.Stacked(
+        Shrink, N).init(KEY, X, stages=2, microbatches=2, method='pipeline'),
+         errors.PipelineCarryError, 'under init', 'float32[2, 4]', 'float32[2, 3]',
+         'keep the carry'),
     case('pipeline mesh axis of another size than stages', _on_mesh(1),
          errors.PipelineMeshError, "mesh_axis='stage'", 'size 1, not stages=2'),
     case('pipeline mesh axis without a mesh', _pipeline(mesh_axis='stage'),
