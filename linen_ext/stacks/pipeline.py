@@ -162,10 +162,14 @@ def _rows_by_stage(tree: Any, plan: PipelinePlan) -> Any:
 
 
 def _constrain(tree: Any, plan: PipelinePlan) -> Any:
+  """The stage axis (axis 0) on ``mesh_axis``; the other axes as the partitioner likes."""
   if plan.mesh_axis is None:
     return tree
-  spec = PartitionSpec(plan.mesh_axis)
-  return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, spec), tree)
+
+  def one(x):
+    spec = PartitionSpec(plan.mesh_axis, *[PartitionSpec.UNCONSTRAINED] * (x.ndim - 1))
+    return jax.lax.with_sharding_constraint(x, spec)
+  return jax.tree.map(one, tree)
 
 
 def _stage_rows(variables: Any, rngs: Any, group: Any) -> tuple[Any, Any]:

@@ -4,9 +4,16 @@ In one child interpreter (JAX fixes the device count when it starts): for both s
 (gpipe without remat, circular with), with dropout, the loss and gradients of the pipeline with its stage axis sharded over
 'stage' equal `fold`'s on one device; the compiled program moves activations with
 collective-permutes to the next stage and gathers nothing (no stage's variables); each
-device holds the rows of its stage only (compiled shardings).
+device holds the rows of its stage only (compiled shardings). With ``LIFT_SLOW_CHECKS=1``
+(not in CI: it compiles two Transformer training steps) also: examples/train_lm.py with
+``--mesh stage=4,data=2 --pipeline-stages 4 --microbatches 8`` trains with the losses of
+its unpipelined run on one device, its blocks' rows on their stage's devices.
 """
+import importlib.util
+import os
+import pathlib
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +52,7 @@ def _loss_and_grads(stack, **pipeline):
 def _check_rows_per_device(sharding, shape):
   """Device at stage coordinate s holds rows [s * k, (s + 1) * k) of the layer axis."""
   rows = shape[0] // STAGES
-  stage_of = {d: s for s, devices in enumerate(sharding.mesh.devices) for d in devices}
+  stage_of = {d: s for s, devices in enumerate(sharding.mesh.devices) for d in devices.flat}
   for device, index in sharding.devices_indices_map(shape).items():
     start = stage_of[device] * rows
     assert index[0] == slice(start, start + rows), (device, index)
@@ -81,6 +88,52 @@ def _check_schedule(mesh, stack, boxed, schedule, **options):
   return loss, grads
 
 
+EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / 'examples' / 'train_lm.py'
+JOB_FLAGS = ['--digits', '1', '--depth', '4', '--width', '16', '--heads', '2', '--batch', '16',
+             '--steps', '8', '--warmup', '2', '--remat', 'none', '--microbatches', '8']
+
+
+def _load_job():
+  sys.path.insert(0, str(EXAMPLE.parent))
+  spec = importlib.util.spec_from_file_location('train_lm', EXAMPLE)
+  job = importlib.util.module_from_spec(spec)
+  sys.modules['train_lm'] = job  # dataclasses look their module up
+  spec.loader.exec_module(job)
+  return job
+
+
+def _job_losses(job, mesh_text, stages):
+  """Two training steps of examples/train_lm.py's model (pipelined if ``stages`` > 1)."""
+  args = job.parse_args(JOB_FLAGS + ['--pipeline-stages', str(stages)])
+  task, model = job.build(args)
+  mesh = job.mesh_lib.make_mesh(job.mesh_lib.parse_mesh(mesh_text))
+  optimizer = job.make_optimizer(args)
+  example = jnp.zeros((1, task.length - 1), jnp.int32)
+  state, shardings = job.mesh_lib.create_state(
+      model, optimizer, example, jax.random.key(0), mesh, job.mesh_lib.axis_rules(mesh, 2))
+  step = job.make_train_step(job.pipelined(model, args, mesh), optimizer, task, args.batch,
+                             jax.random.key(1), mesh, shardings)
+  hlo = step.lower(state, 0).compile().as_text()
+  losses = []
+  for i in range(2):
+    state, loss = step(state, i)
+    losses.append(float(loss))
+  return losses, hlo, state
+
+
+def _check_train_lm():
+  """The job with --mesh stage=4,data=2 --pipeline-stages 4: the one-device losses."""
+  job = _load_job()
+  with jax.numpy_dtype_promotion('standard'):  # optax's schedules mix floats and ints
+    expected, _, _ = _job_losses(job, 'data=1', 1)
+    losses, hlo, state = _job_losses(job, 'stage=4,data=2', 4)
+  np.testing.assert_allclose(losses, expected, rtol=1e-5)
+  assert 'collective-permute' in hlo
+  kernel = state['params']['blocks']['Dense_0']['kernel']
+  assert kernel.sharding.spec[0] == 'stage', kernel.sharding.spec
+  _check_rows_per_device(kernel.sharding, kernel.shape)
+
+
 def run_check():
   """In the child: both schedules sharded over 'stage' equal fold on one device."""
   assert jax.device_count() == 8
@@ -93,6 +146,8 @@ def run_check():
     piped = nn.Stacked(Block, LAYERS, remat=remat, metadata_params={nn.PARTITION_NAME: 'stage'})
     got = _check_schedule(mesh, piped, boxed, schedule, **options)
     assert_trees_close(got, expected, depth=LAYERS)
+  if os.environ.get('LIFT_SLOW_CHECKS') == '1':  # two Transformer steps compiled: ~15 s
+    _check_train_lm()
   print(MARK)
 
 
