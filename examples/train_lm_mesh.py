@@ -3,8 +3,8 @@
 Everything here is JAX's own machinery: a `jax.sharding.Mesh` over the devices
 (``--mesh data=4,model=2``), logical axis rules that map the model's named
 axes onto it (FSDP: parameters split over ``data`` along ``embed``; tensor
-parallelism: the MLP and attention heads split over ``model``; pipeline
-parallelism, ``--mesh stage=4,data=2 --pipeline-stages 4``: the layers over ``stage``), `jax.jit` with
+parallelism: the MLP and attention heads split over ``model``; pipeline parallelism,
+``--mesh stage=4,data=2 --pipeline-stages 4``: the layers over ``stage``), `jax.jit` with
 in/out shardings that `nn.variable_shardings` derives, `memory_analysis()` of
 the compiled step, and `jax.distributed` for several processes
 (``--processes 2``): this module only starts the workers, on 127.0.0.1, in

@@ -184,8 +184,8 @@ def _microbatches(x: Any, count: int) -> Any:
 def _run(plan: PipelinePlan, layer: Callable[..., Any], variables: Any, rngs: Any, x: Any):
   """The tick loop over microbatched ``x``; ``layer(carry, variable row, rng row, m)``."""
   inputs = _microbatches(x, plan.microbatches)
-  stage_vars, stage_rngs = _constrain(_rows_by_stage(variables, plan), plan), _rows_by_stage(
-      rngs, plan)
+  stage_vars = _constrain(_rows_by_stage(variables, plan), plan)
+  stage_rngs = _rows_by_stage(rngs, plan)
   first = jax.tree.map(lambda a: a[0], inputs)
   state = jax.tree.map(lambda a: jnp.zeros((plan.stages,) + a.shape, a.dtype), first)
   done = jax.tree.map(jnp.zeros_like, inputs)
@@ -198,17 +198,16 @@ def _run(plan: PipelinePlan, layer: Callable[..., Any], variables: Any, rngs: An
   def tick(carry, work):
     state, done = carry
     microbatch, group = work[:, 0], work[:, 1]
-    feed = jnp.maximum(microbatch[0], 0)
+    feed = jnp.maximum(microbatch[0], 0)  # stage 0 reads the batch, or a later repeat's input
     entering = jax.tree.map(
         lambda x, d: jnp.where(group[0] > 0, d[feed], x[feed]), inputs, done)
     shifted = jax.tree.map(lambda s: jnp.roll(s, 1, axis=0), state)
     stage_inputs = jax.tree.map(lambda s, e: s.at[0].set(e), shifted, entering)
     stage_inputs = _constrain(stage_inputs, plan)
-    spmd = None if plan.mesh_axis is None else plan.mesh_axis
-    outs = jax.vmap(stage, spmd_axis_name=spmd)(
+    outs = jax.vmap(stage, spmd_axis_name=plan.mesh_axis)(
         stage_vars, stage_rngs, stage_inputs, jnp.maximum(microbatch, 0), group)
     outs = _constrain(outs, plan)
-    last = microbatch[-1]
+    last = microbatch[-1]  # the last stage's output, where it ran a microbatch
     done = jax.tree.map(
         lambda d, o: jnp.where(last >= 0, d.at[jnp.maximum(last, 0)].set(o[-1]), d), done, outs)
     return (outs, done), None

@@ -1,8 +1,8 @@
 """`Stacked.pipeline` on a (stage=4, data=2) mesh of 8 simulated CPU devices.
 
 In one child interpreter (JAX fixes the device count when it starts): for both schedules
-(gpipe without remat, circular with), with dropout, the loss and gradients of the pipeline with its stage axis sharded over
-'stage' equal `fold`'s on one device; the compiled program moves activations with
+(gpipe without remat, circular with remat='nested'), with dropout, the loss and gradients
+of the pipeline with its stage axis sharded over 'stage' equal `fold`'s on one device; the compiled program moves activations with
 collective-permutes to the next stage and gathers nothing (no stage's variables); each
 device holds the rows of its stage only (compiled shardings). With ``LIFT_SLOW_CHECKS=1``
 (not in CI: it compiles two Transformer training steps) also: examples/train_lm.py with
@@ -142,7 +142,7 @@ def run_check():
   stack = nn.Stacked(Block, LAYERS, metadata_params={nn.PARTITION_NAME: 'stage'})
   boxed = stack.init(jax.random.key(0), X)
   expected = jax.jit(_loss_and_grads(stack))(nn.unbox(boxed)['params'])
-  for schedule, options, remat in (('gpipe', {}, False), ('circular', {'repeats': 2}, True)):
+  for schedule, options, remat in (('gpipe', {}, False), ('circular', {'repeats': 2}, 'nested')):
     piped = nn.Stacked(Block, LAYERS, remat=remat, metadata_params={nn.PARTITION_NAME: 'stage'})
     got = _check_schedule(mesh, piped, boxed, schedule, **options)
     assert_trees_close(got, expected, depth=LAYERS)
