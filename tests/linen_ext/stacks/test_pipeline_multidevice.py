@@ -3,11 +3,12 @@
 In one child interpreter (JAX fixes the device count when it starts): for both schedules
 (gpipe without remat, circular with remat='nested'), with dropout, the loss and gradients
 of the pipeline with its stage axis sharded over 'stage' equal `fold`'s on one device; the
-compiled program moves activations with collective-permutes to the next stage and gathers nothing (no stage's variables); each
-device holds the rows of its stage only (compiled shardings). With ``LIFT_SLOW_CHECKS=1``
-(not in CI: it compiles two Transformer training steps) also: examples/train_lm.py with
-``--mesh stage=4,data=2 --pipeline-stages 4 --microbatches 8`` trains with the losses of
-its unpipelined run on one device, its blocks' rows on their stage's devices.
+compiled program moves activations with collective-permutes to the next stage and gathers
+nothing (no stage's variables); each device holds the rows of its stage only (compiled
+shardings). With ``LIFT_SLOW_CHECKS=1`` (not in CI: it compiles two Transformer training
+steps) also: examples/train_lm.py with ``--mesh stage=4,data=2 --pipeline-stages 4
+--microbatches 8`` trains with the losses of its unpipelined run on one device, its
+blocks' rows on their stage's devices.
 """
 import importlib.util
 import os
