@@ -441,6 +441,11 @@ class PipelineCarryError(PipelineError):
   a pipeline passes one activation buffer from stage to stage."""
 
 
+class PipelineVariablesError(PipelineError):
+  """A block wrote a variable (batch statistics, a counter) inside `Stacked.pipeline`,
+  which returns no variables: the write would be lost."""
+
+
 class PipelineMeshError(PipelineError):
   """``mesh_axis`` names no axis of the current mesh, or an axis of another size than
   ``stages``."""

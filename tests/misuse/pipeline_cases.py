@@ -27,6 +27,21 @@ class Shrink(nn.Module):
     return jnp.tanh(nn.Dense(4)(x))[..., :3]
 
 
+class Normalized(nn.Module):
+  """Same, then batch normalisation in training mode: it writes batch statistics."""
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.BatchNorm(use_running_average=False)(Same()(x))
+
+
+def _batch_stats_in_pipeline():
+  stack = nn.Stacked(Normalized, N)
+  variables = stack.init(KEY, X)
+  return stack.apply(variables, X, stages=2, microbatches=2, method='pipeline',
+                     mutable=['batch_stats'])
+
+
 def _pipeline(block=Same, x=X, **options):
   options = {'stages': 2, 'microbatches': 2, **options}
   variables = nn.Stacked(Same, N).init(KEY, X)
@@ -64,6 +79,9 @@ CASES = [
         Shrink, N).init(KEY, X, stages=2, microbatches=2, method='pipeline'),
          errors.PipelineCarryError, 'under init', 'float32[2, 4]', 'float32[2, 3]',
          'keep the carry'),
+    case('pipeline block writing batch statistics', _batch_stats_in_pipeline,
+         errors.PipelineVariablesError, 'variable "mean" of collection "batch_stats"',
+         'BatchNorm_0', 'use_running_average=True'),
     case('pipeline mesh axis of another size than stages', _on_mesh(1),
          errors.PipelineMeshError, "mesh_axis='stage'", 'size 1, not stages=2'),
     case('pipeline mesh axis without a mesh', _pipeline(mesh_axis='stage'),
