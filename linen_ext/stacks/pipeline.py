@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec
 from lift import loops, rng_counters
 from lift.axes import split_rng_groups
 from lift.filters import in_filter
-from lift.metadata import add_group_axes, remove_group_axes
+from lift.metadata import remove_group_axes
 from lift.pack import pack
 
 from linen_ext.stacks import pipeline_checks as checks

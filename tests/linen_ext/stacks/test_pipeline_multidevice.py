@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 import linen_ext as nn
 from tests.helpers import assert_trees_close, run_in_child
@@ -77,10 +76,10 @@ def _check_schedule(mesh, stack, boxed, schedule, **options):
   shift = r'f32\[1,3,6\]\S* collective-permute\(.*source_target_pairs=\{\{0,2\},\{1,3\}'
   assert re.search(shift, hlo), schedule
   assert 'all-gather(' not in hlo, (schedule, re.findall(r'\S+ all-gather\(', hlo))
-  for spec, sharding in zip(jax.tree.leaves(specs), jax.tree.leaves(compiled.input_shardings[0])):
+  compiled_in = jax.tree.leaves(compiled.input_shardings[0])
+  for spec, sharding, leaf in zip(jax.tree.leaves(specs), compiled_in, jax.tree.leaves(params)):
     assert spec[0] == 'stage' and sharding.spec[0] == 'stage', (spec, sharding)
-  for leaf in jax.tree.leaves(params):
-    _check_rows_per_device(NamedSharding(mesh, P('stage')), leaf.shape)
+    _check_rows_per_device(sharding, leaf.shape)
   for leaf in jax.tree.leaves(grads):
     assert leaf.sharding.spec[0] == 'stage'
     _check_rows_per_device(leaf.sharding, leaf.shape)
