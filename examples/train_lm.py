@@ -17,7 +17,9 @@ The main job of the project, end to end:
   full model on every prefix;
 * orbax checkpoints every ``--checkpoint-every`` steps; ``--resume`` continues
   from the latest with the same loss curve, on the same mesh or another;
-* on a device mesh (``--mesh data=4,model=2``: FSDP x tensor parallelism), with
+* on a device mesh (``--mesh data=4,model=2``: FSDP x tensor parallelism; or
+  ``--mesh stage=4,data=2 --pipeline-stages 4 --microbatches 8``: the blocks as a
+  pipeline, `Stacked.pipeline`, its stages over ``stage``, the same variables), with
   the variables created directly in their shards and the per-device memory of
   params + optimizer state printed; over several processes (``--processes 2``,
   `jax.distributed` on 127.0.0.1); examples/train_lm_mesh.py holds that part;
@@ -143,6 +145,9 @@ class TransformerLM(nn.Module):
   heads: int = 4
   depth: int = 2
   remat: str | bool = 'nested'
+  pipeline_stages: int = 1  # > 1: the blocks run as a pipeline (Stacked.pipeline)
+  microbatches: int = 1
+  stage_axis: str | None = None  # the mesh axis the stages are spread over
 
   @nn.compact
   def __call__(self, tokens):
@@ -152,9 +157,14 @@ class TransformerLM(nn.Module):
     embed = nn.Embed(self.vocab, self.d_model,
                      embedding_init=named(nn.linear.default_embed_init, 'vocab', 'embed'))
     x = embed(tokens) + positions[None, :length]
-    x = nn.Stacked(Block, self.depth, remat=self.remat,
-                   block_kwargs={'d_model': self.d_model, 'heads': self.heads},
-                   metadata_params={nn.PARTITION_NAME: 'layers'}, name='blocks')(x)
+    blocks = nn.Stacked(Block, self.depth, remat=self.remat,
+                        block_kwargs={'d_model': self.d_model, 'heads': self.heads},
+                        metadata_params={nn.PARTITION_NAME: 'layers'}, name='blocks')
+    if self.pipeline_stages > 1:  # the same variables, so one checkpoint serves both
+      x = blocks.pipeline(x, stages=self.pipeline_stages, microbatches=self.microbatches,
+                          mesh_axis=self.stage_axis)
+    else:
+      x = blocks(x)
     head = nn.Dense(self.vocab, kernel_init=named(DEFAULT_KERNEL, 'embed', 'vocab'), name='head')
     return head(nn.LayerNorm()(x))
 
@@ -184,6 +194,10 @@ def make_train_step(model, optimizer, task: Addition, batch: int, data_key, mesh
   @functools.partial(jax.jit, in_shardings=(shardings, replicated),
                      out_shardings=(shardings, replicated))
   def train_step(state, step):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # the pipeline's stage axis
+      return _train_step(state, step)
+
+  def _train_step(state, step):
     tokens = task.train_batch(jax.random.fold_in(data_key, step), batch)
     tokens = jax.lax.with_sharding_constraint(tokens, mesh_lib.batch_sharding(mesh))
     loss, grads = jax.value_and_grad(answer_loss)(state['params'], model, tokens, task)
@@ -328,7 +342,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help='directory for checkpoints, history and the plot')
   scale = parser.add_argument_group('devices and processes')
   scale.add_argument('--mesh', default=None,
-                     help='device mesh, e.g. data=4,model=2 (default: every device on data)')
+                     help='device mesh, e.g. data=4,model=2 or stage=4,data=2 (default: every '
+                     'device on data)')
+  scale.add_argument('--pipeline-stages', type=int, default=1,
+                     help='run the blocks as a pipeline of this many stages (Stacked.pipeline; '
+                     'over the mesh axis stage, if the mesh has one)')
+  scale.add_argument('--microbatches', type=int, default=1,
+                     help='microbatches of a pipelined step (they divide --batch)')
   scale.add_argument('--processes', type=int, default=1,
                      help='processes joined with jax.distributed on 127.0.0.1')
   scale.add_argument('--process-timeout', type=int, default=30,
@@ -350,9 +370,19 @@ def build(args):
   return task, model
 
 
+def pipelined(model, args, mesh):
+  """The model the training step runs: as a pipeline with ``--pipeline-stages`` > 1 (its
+  stages over the mesh's ``stage`` axis, if any); evaluation and decoding run it whole."""
+  if args.pipeline_stages == 1:
+    return model
+  stage_axis = 'stage' if 'stage' in mesh.axis_names else None
+  return model.clone(pipeline_stages=args.pipeline_stages, microbatches=args.microbatches,
+                     stage_axis=stage_axis)
+
+
 def train(args, task, model, state, history, manager, mesh, shardings) -> tuple[dict, dict]:
   optimizer = make_optimizer(args)
-  train_step = make_train_step(model, optimizer, task, args.batch,
+  train_step = make_train_step(pipelined(model, args, mesh), optimizer, task, args.batch,
                                jax.random.key(args.seed + 1), mesh, shardings)
   print(mesh_lib.memory_report(train_step.lower(state, 0).compile(), state))
   problems = task.eval_problems(args.eval_problems)

@@ -3,7 +3,8 @@
 Everything here is JAX's own machinery: a `jax.sharding.Mesh` over the devices
 (``--mesh data=4,model=2``), logical axis rules that map the model's named
 axes onto it (FSDP: parameters split over ``data`` along ``embed``; tensor
-parallelism: the MLP and attention heads split over ``model``), `jax.jit` with
+parallelism: the MLP and attention heads split over ``model``; pipeline parallelism,
+``--mesh stage=4,data=2 --pipeline-stages 4``: the layers over ``stage``), `jax.jit` with
 in/out shardings that `nn.variable_shardings` derives, `memory_analysis()` of
 the compiled step, and `jax.distributed` for several processes
 (``--processes 2``): this module only starts the workers, on 127.0.0.1, in
@@ -11,6 +12,7 @@ their own process group, and stops them all when one fails.
 """
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -26,42 +28,46 @@ from jax.sharding import PartitionSpec as P
 
 import linen_ext as nn
 
-MESH_AXES = ('data', 'model')
+MESH_AXES = ('stage', 'data', 'model')
 
 
 def parse_mesh(text: str | None) -> dict[str, int]:
-  """``'data=4,model=2'`` as ``{'data': 4, 'model': 2}``; missing axes have size 1, and
-  ``None`` puts every device on ``data``."""
+  """``'data=4,model=2'`` as ``{'stage': 1, 'data': 4, 'model': 2}``; missing axes have
+  size 1, and ``None`` puts every device on ``data``."""
   if text is None:
-    return {'data': jax.device_count(), 'model': 1}
-  sizes = {'data': 1, 'model': 1}
+    return {'stage': 1, 'data': jax.device_count(), 'model': 1}
+  sizes = dict.fromkeys(MESH_AXES, 1)
   for part in text.split(','):
     name, _, size = part.partition('=')
     if name not in MESH_AXES or not size.isdigit() or int(size) < 1:
-      raise SystemExit(f'--mesh {text}: each part must be data=N or model=N, got {part!r}')
+      raise SystemExit(f'--mesh {text}: each part must be stage=N, data=N or model=N, '
+                       f'got {part!r}')
     sizes[name] = int(size)
-  if sizes['data'] * sizes['model'] > jax.device_count():
-    raise SystemExit(f'--mesh {text}: {sizes["data"] * sizes["model"]} devices asked, '
+  if math.prod(sizes.values()) > jax.device_count():
+    raise SystemExit(f'--mesh {text}: {math.prod(sizes.values())} devices asked, '
                      f'{jax.device_count()} present (on CPU, simulate more with XLA_FLAGS='
                      '--xla_force_host_platform_device_count=8)')
   return sizes
 
 
 def make_mesh(sizes: dict[str, int]) -> jax.sharding.Mesh:
-  """The mesh over the first ``data * model`` devices."""
-  auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
-  shape = tuple(sizes[a] for a in MESH_AXES)
-  devices = jax.devices()[:shape[0] * shape[1]]
-  return jax.make_mesh(shape, MESH_AXES, axis_types=auto, devices=devices)
+  """The mesh over the first ``stage * data * model`` devices; a ``stage`` axis only where
+  the pipeline's stages are spread over devices (``stage`` > 1)."""
+  axes = tuple(a for a in MESH_AXES if a != 'stage' or sizes.get('stage', 1) > 1)
+  shape = tuple(sizes.get(a, 1) for a in axes)
+  auto = (jax.sharding.AxisType.Auto,) * len(axes)
+  return jax.make_mesh(shape, axes, axis_types=auto, devices=jax.devices()[:math.prod(shape)])
 
 
 def axis_rules(mesh: jax.sharding.Mesh, heads: int) -> tuple[tuple[str, str | None], ...]:
   """The model's logical axes on the mesh: batch and (FSDP) embed over ``data``; the MLP and
-  the heads (or, where the heads do not divide, each head's features) over ``model``."""
+  the heads (or, where the heads do not divide, each head's features) over ``model``; the
+  layers of the stack over ``stage`` (each device of a pipeline stage holds its layers)."""
   by_heads = heads % mesh.shape['model'] == 0
   return (('batch', 'data'), ('embed', 'data'), ('mlp', 'model'),
           ('heads', 'model' if by_heads else None), ('kv', None if by_heads else 'model'),
-          ('vocab', None), ('length', None), ('layers', None))
+          ('vocab', None), ('length', None),
+          ('layers', 'stage' if 'stage' in mesh.axis_names else None))
 
 
 def create_state(model, optimizer, example, key, mesh, rules):

@@ -52,8 +52,8 @@ from linen_ext.module.init_apply import capture_call_intermediates
 from linen_ext.module.named_call import disable_named_call, enable_named_call, override_named_call
 from linen_ext.module.variables import tuple_init, tuple_reduce
 from linen_ext.sharding import init_sharded, variable_shardings
-from linen_ext.stacks import (BlockSeq, Stacked, layers_to_stacked, per_layer, scan_layers,
-                              stacked_to_layers)
+from linen_ext.stacks import (BlockSeq, Stacked, circular_to_stacked, layers_to_stacked,
+                              per_layer, scan_layers, stacked_to_circular, stacked_to_layers)
 from linen_ext.summary import tabulate
 from linen_ext.transforms import (add_metadata_axis, as_scan, checkpoint, cond, custom_vjp,
                                   fold_rngs, grad, jit, jvp, lift_transform, map_variables,

@@ -419,3 +419,33 @@ class AxesMismatchError(ModuleError, ValueError):
 
   def __init__(self, where: str, expected: Any, found: Any, fix: str):
     super().__init__(f'{where}: expected logical axes {expected}, found {found}. Fix: {fix}')
+
+
+class PipelineError(LayerStackError):
+  """`Stacked.pipeline` got a configuration or an input it cannot run; each subclass
+  names the argument at fault and the message gives the fix."""
+
+
+class MicrobatchError(PipelineError):
+  """``microbatches`` is not a positive int that divides the batch (the leading axis of
+  every input leaf), or is fewer than ``stages`` under the circular schedule."""
+
+
+class StageCountError(PipelineError):
+  """``stages`` (times ``repeats``) does not divide the stack's layers, or ``stages``,
+  ``repeats`` or ``schedule`` is not a value the pipeline takes."""
+
+
+class PipelineCarryError(PipelineError):
+  """The block returned a carry of another structure, shape or dtype than it received:
+  a pipeline passes one activation buffer from stage to stage."""
+
+
+class PipelineVariablesError(PipelineError):
+  """A block wrote a variable (batch statistics, a counter) inside `Stacked.pipeline`,
+  which returns no variables: the write would be lost."""
+
+
+class PipelineMeshError(PipelineError):
+  """``mesh_axis`` names no axis of the current mesh, or an axis of another size than
+  ``stages``."""

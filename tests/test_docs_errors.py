@@ -59,6 +59,7 @@ NOT_RAISED_BY_A_MISTAKE = {
                  'outside a call (tests/lift/test_jit.py)',
     'ModuleError': 'the base class of the Module system',
     'ShardingError': 'the base class of the sharding errors',
+    'PipelineError': 'the base class of the errors of Stacked.pipeline',
     'UnmappedCollectionError': 'raised as its subclass UnliftedCollectionError: pack makes a '
                                'collection immutable inside unless an out filter returns it',
 }

@@ -35,6 +35,7 @@ from linen_ext import errors
 from linen_ext.transforms.lifting import call_lifted, is_module_class
 from linen_ext.module.core import Module
 from linen_ext.describe import one_line
+from linen_ext.stacks.pipeline_run import run_pipeline
 from linen_ext.stacks.layout import (LayerArgs, check_rows, layer_name, row,
                                     split_layer_args, stack_trees, stacked_to_layers)
 
@@ -227,6 +228,35 @@ class Stacked(_LayerStack):
   def vmap(self, x: Any, *args, **kwargs) -> Any:
     """Every layer on the same ``x``, in parallel; outputs stacked along a new axis 0."""
     return self._vmapped(_call_block, x, self._layer_args(args, kwargs))
+
+  def pipeline(self, x: Any, *, stages: int, microbatches: int, schedule: str = 'gpipe',
+               repeats: int = 1, mesh_axis: str | None = None) -> Any:
+    """``fold(x)`` as a pipeline: ``stages`` stages of consecutive layers, ``microbatches``.
+
+    The batch (leading axis of ``x``) splits into ``microbatches`` that flow through the
+    stages, one stage per tick, in ``microbatches * repeats + stages - 1`` ticks;
+    notes/0006-pipeline.md gives the schedule. Values, gradients and rng draws (dropout)
+    are those of ``fold(x)`` on the whole batch. Under ``'gpipe'`` the variables are
+    the stack's own (a checkpoint moves between the two unchanged); under
+    ``'circular'`` (``repeats`` groups of layers per stage) they are stored in the order
+    of `circular_order` (convert with `stacked_to_circular` / `circular_to_stacked`).
+    ``remat`` applies to each tick. ``mesh_axis``: the mesh axis the stage axis is
+    sharded over (its size must be ``stages``): name the layer axis of the variables
+    for it with ``metadata_params``. Under ``init`` the stack runs as ``fold``.
+
+    Examples:
+      >>> class Block(nn.Module):
+      ...   @nn.compact
+      ...   def __call__(self, x):
+      ...     return x + jnp.tanh(nn.Dense(3)(x))
+      >>> stack, x = nn.Stacked(Block, 4), jnp.ones((8, 3))
+      >>> variables = stack.init(jax.random.key(0), x)
+      >>> y = stack.apply(variables, x, stages=2, microbatches=4, method='pipeline')
+      >>> bool(jnp.allclose(y, stack.apply(variables, x), atol=1e-6))
+      True
+    """
+    return run_pipeline(self, x, stages=stages, microbatches=microbatches,
+                        schedule=schedule, repeats=repeats, mesh_axis=mesh_axis)
 
   def unstacked(self) -> tuple[Module, ...]:
     """Read-only per-layer views: layer i's block bound to row i of the variables.

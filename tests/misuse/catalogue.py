@@ -1,7 +1,7 @@
 """Every case of the misuse catalogue, by name."""
 from tests.misuse import (Case, entry_cases, layer_cases, loop_cases, module_cases,
-                          module_transform_cases, scope_cases, sharding_cases, stack_cases,
-                          transform_cases, vmap_scan_cases)
+                          module_transform_cases, pipeline_cases, scope_cases, sharding_cases,
+                          stack_cases, transform_cases, vmap_scan_cases)
 
 AREAS = {
     'scopes, variables and rngs': scope_cases.CASES,
@@ -12,6 +12,7 @@ AREAS = {
     'init, apply and bind': entry_cases.CASES,
     'module transforms': module_transform_cases.CASES,
     'layer stacks': stack_cases.CASES,
+    'pipelines': pipeline_cases.CASES,
     'layers, Flax interop and partitioning': layer_cases.CASES,
     'sharding on a mesh': sharding_cases.CASES,
 }

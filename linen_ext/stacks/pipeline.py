@@ -1,0 +1,253 @@
+"""Pipeline parallelism over the layers of a `Stacked`: ``Stacked.pipeline``.
+
+The schedule (notes/0006-pipeline.md): S stages, each holding ``repeats`` groups of
+``L / (S * repeats)`` consecutive layers; M microbatches. At tick t, stage s runs
+microbatch ``m = (t - s) mod M`` through its group ``r = (t - s) // M`` when
+``0 <= t - s < M * repeats``, and idles otherwise; there are ``M * repeats + S - 1``
+ticks. A tick is one `jax.vmap` over the stages (each on its rows of the variables), the
+ticks one `lift.loops.run_scan` (so ``remat`` applies per tick), and the activations move
+one stage per tick by a roll of the stage axis, which the SPMD partitioner turns into a
+collective permute when that axis is sharded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from lift import loops, rng_counters
+from lift.axes import split_rng_groups
+from lift.filters import in_filter
+from lift.metadata import remove_group_axes
+from lift.pack import pack
+
+from linen_ext.stacks import pipeline_checks as checks
+from linen_ext.stacks.microbatch_rng import microbatch_keys
+
+SCHEDULES = ('gpipe', 'circular')
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelinePlan:
+  """The static shape of a pipelined run, validated by `pipeline_checks.plan`."""
+  layers: int
+  stages: int
+  microbatches: int
+  schedule: str
+  repeats: int
+  mesh_axis: str | None
+  remat: Any = False
+
+  @property
+  def ticks(self) -> int:
+    return self.microbatches * self.repeats + self.stages - 1
+
+  @property
+  def layers_per_group(self) -> int:
+    return self.layers // (self.stages * self.repeats)
+
+
+def schedule_table(stages: int, microbatches: int, repeats: int = 1) -> np.ndarray:
+  """What each stage does at each tick: ``int[ticks, stages, 2]`` of (microbatch, group).
+
+  The microbatch is -1 where the stage idles. ``repeats=1`` is the GPipe schedule;
+  more repeats are the circular one (stage s runs group ``r`` = layers
+  ``(r * S + s) * k`` to ``(r * S + s + 1) * k - 1``).
+
+  Examples:
+    >>> schedule_table(2, 3)[:, :, 0].tolist()   # microbatch per tick (rows) and stage
+    [[0, -1], [1, 0], [2, 1], [-1, 2]]
+  """
+  ticks = microbatches * repeats + stages - 1
+  work = np.arange(ticks)[:, None] - np.arange(stages)[None, :]
+  busy = (work >= 0) & (work < microbatches * repeats)
+  microbatch = np.where(busy, work % microbatches, -1)
+  group = np.where(busy, work // microbatches, 0)
+  return np.stack([microbatch, group], axis=-1).astype(np.int32)
+
+
+def bubble_fraction(table: np.ndarray) -> float:
+  """The share of (tick, stage) cells of a `schedule_table` in which the stage idles."""
+  return float(np.mean(table[..., 0] < 0))
+
+
+def circular_order(layers: int, stages: int, repeats: int) -> np.ndarray:
+  """Row k of the circular layout holds layer ``order[k]`` of `Stacked`'s layout.
+
+  Stage s's rows are contiguous (its groups s, S + s, 2S + s, ...), so sharding the
+  leading axis over the stages gives each device its own groups.
+
+  Examples:
+    >>> circular_order(8, 2, 2).tolist()
+    [0, 1, 4, 5, 2, 3, 6, 7]
+  """
+  per_group = layers // (stages * repeats)
+  grid = np.arange(layers).reshape(repeats, stages, per_group)
+  return grid.transpose(1, 0, 2).reshape(-1)
+
+
+def take_rows(variables: Any, order: np.ndarray) -> Any:
+  return jax.tree.map(lambda x: x[order], variables)
+
+
+def stacked_to_circular(variables: Any, *, stages: int, repeats: int) -> Any:
+  """`Stacked`'s variables (leading layer axis) in the circular schedule's row order.
+
+  For ``Stacked.pipeline(..., schedule='circular', stages=, repeats=)``: row k holds
+  layer ``circular_order(layers, stages, repeats)[k]``.
+
+  Examples:
+    >>> variables = {'params': {'w': jnp.arange(8.0)}}
+    >>> nn.stacked_to_circular(variables, stages=2, repeats=2)['params']['w'].tolist()
+    [0.0, 1.0, 4.0, 5.0, 2.0, 3.0, 6.0, 7.0]
+  """
+  layers = jax.tree.leaves(variables)[0].shape[0]
+  return take_rows(variables, circular_order(layers, stages, repeats))
+
+
+def circular_to_stacked(variables: Any, *, stages: int, repeats: int) -> Any:
+  """The inverse of `stacked_to_circular`: back to `Stacked`'s layer order.
+
+  Examples:
+    >>> variables = {'params': {'w': jnp.arange(8.0)}}
+    >>> circular = nn.stacked_to_circular(variables, stages=2, repeats=2)
+    >>> nn.circular_to_stacked(circular, stages=2, repeats=2)['params']['w'].tolist()
+    [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+  """
+  layers = jax.tree.leaves(variables)[0].shape[0]
+  return take_rows(variables, np.argsort(circular_order(layers, stages, repeats)))
+
+
+class _CounterReplay:
+  """Every traced layer draws the keys a layer of `Stacked`'s loop draws.
+
+  `lift.scan` traces a step once before its loop and rewinds later traces to where that
+  first trace left the counters ('params' to where they stood before). The pipeline runs
+  the same first trace (`jax.eval_shape`) and rewinds every later one the same way.
+  """
+
+  def __init__(self):
+    self.nodes: list[Any] = []
+    self.saved: list[Any] | None = None
+    self.before: list[Any] = []
+
+  def enter(self, scope: Any):
+    if not self.nodes:
+      self.nodes = rng_counters.counter_roots(scope)
+      self.before = [rng_counters.snapshot(node) for node in self.nodes]
+    elif self.saved is not None:
+      for node, snap in zip(self.nodes, self.saved):
+        rng_counters.restore(node, snap)
+
+  def save(self):
+    once = functools.partial(in_filter, 'params')
+    self.saved = [rng_counters.per_stream(before, rng_counters.snapshot(node), once)
+                  for before, node in zip(self.before, self.nodes)]
+
+
+def _microbatched_rngs(rng_groups: Any, microbatch: Any, count: int) -> Any:
+  return jax.tree.map(lambda key: microbatch_keys(key, microbatch, count), rng_groups)
+
+
+def _rows_by_stage(tree: Any, plan: PipelinePlan) -> Any:
+  """Leading layer axis (storage order) -> (stage, group, layer in group)."""
+  shape = (plan.stages, plan.repeats, plan.layers_per_group)
+  return jax.tree.map(lambda x: x.reshape(shape + x.shape[1:]), tree)
+
+
+def _constrain(tree: Any, plan: PipelinePlan) -> Any:
+  """The stage axis (axis 0) on ``mesh_axis``; the other axes as the partitioner likes."""
+  if plan.mesh_axis is None:
+    return tree
+
+  def one(x):
+    spec = PartitionSpec(plan.mesh_axis, *[PartitionSpec.UNCONSTRAINED] * (x.ndim - 1))
+    return jax.lax.with_sharding_constraint(x, spec)
+  return jax.tree.map(one, tree)
+
+
+def _stage_rows(variables: Any, rngs: Any, group: Any) -> tuple[Any, Any]:
+  pick = lambda x: jax.lax.dynamic_index_in_dim(x, group, 0, keepdims=False)  # noqa: E731
+  return jax.tree.map(pick, variables), jax.tree.map(pick, rngs)
+
+
+def _microbatches(x: Any, count: int) -> Any:
+  return jax.tree.map(lambda a: a.reshape((count, a.shape[0] // count) + a.shape[1:]), x)
+
+
+def _run(plan: PipelinePlan, layer: Callable[..., Any], variables: Any, rngs: Any, x: Any):
+  """The tick loop over microbatched ``x``; ``layer(carry, variable row, rng row, m)``."""
+  inputs = _microbatches(x, plan.microbatches)
+  stage_vars = _constrain(_rows_by_stage(variables, plan), plan)
+  stage_rngs = _rows_by_stage(rngs, plan)
+  first = jax.tree.map(lambda a: a[0], inputs)
+  state = jax.tree.map(lambda a: jnp.zeros((plan.stages,) + a.shape, a.dtype), first)
+  done = jax.tree.map(jnp.zeros_like, inputs)
+
+  def stage(variables, rngs, carry, microbatch, group):
+    variables, rngs = _stage_rows(variables, rngs, group)
+    step = lambda c, row: (layer(c, row[0], row[1], microbatch), None)  # noqa: E731
+    return jax.lax.scan(step, carry, (variables, rngs))[0]
+
+  def tick(carry, work):
+    state, done = carry
+    microbatch, group = work[:, 0], work[:, 1]
+    feed = jnp.maximum(microbatch[0], 0)  # stage 0 reads the batch, or a later repeat's input
+    entering = jax.tree.map(
+        lambda x, d: jnp.where(group[0] > 0, d[feed], x[feed]), inputs, done)
+    shifted = jax.tree.map(lambda s: jnp.roll(s, 1, axis=0), state)
+    stage_inputs = jax.tree.map(lambda s, e: s.at[0].set(e), shifted, entering)
+    stage_inputs = _constrain(stage_inputs, plan)
+    outs = jax.vmap(stage, spmd_axis_name=plan.mesh_axis)(
+        stage_vars, stage_rngs, stage_inputs, jnp.maximum(microbatch, 0), group)
+    outs = _constrain(outs, plan)
+    last = microbatch[-1]  # the last stage's output, where it ran a microbatch
+    done = jax.tree.map(
+        lambda d, o: jnp.where(last >= 0, d.at[jnp.maximum(last, 0)].set(o[-1]), d), done, outs)
+    return (outs, done), None
+
+  table = jnp.asarray(schedule_table(plan.stages, plan.microbatches, plan.repeats))
+  (_, done), _ = loops.run_scan(tick, (state, done), table, remat=plan.remat)
+  return jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), done)
+
+
+def lifted_pipeline(plan: PipelinePlan, make_block: Callable[..., Any],
+                    metadata_params: Any) -> Callable[..., Any]:
+  """The lifted pipeline: ``fn(scope, x) -> y`` over the variables at the scope."""
+
+  def inner(scope_fn, repack_fn, variable_groups, rng_groups, x):
+    del repack_fn  # the pipeline writes no variables
+    groups = remove_group_axes(variable_groups, (0,), metadata_params)
+    rngs = split_rng_groups(rng_groups, (True,), plan.layers)
+    if plan.schedule == 'circular':
+      rngs = take_rows(rngs, circular_order(plan.layers, plan.stages, plan.repeats))
+    replay = _CounterReplay()
+
+    def layer(carry, variable_row, rng_row, microbatch):
+      scope = scope_fn(variable_row, _microbatched_rngs(rng_row, microbatch,
+                                                        plan.microbatches))
+      replay.enter(scope)
+      return checks.layer_result(carry, make_block(scope)(carry))
+
+    first = _first_rows(groups, rngs)
+    microbatch = jax.tree.map(lambda a: a[:a.shape[0] // plan.microbatches], x)
+    jax.eval_shape(lambda c: layer(c, *first, 0), microbatch)  # as lift.scan's pre-pass
+    replay.save()
+    y = _run(plan, layer, groups, rngs, x)
+    return y, ()
+
+  return pack(inner, (True,), (), (True,), name='pipeline')
+
+
+def _first_rows(groups: Any, rngs: Any) -> tuple[Any, Any]:
+  return jax.tree.map(lambda a: a[0], groups), jax.tree.map(lambda a: a[0], rngs)
+
+
+__all__ = ['schedule_table', 'bubble_fraction', 'circular_order', 'stacked_to_circular',
+           'circular_to_stacked', 'PipelinePlan']

@@ -1,0 +1,89 @@
+"""Mistakes with `Stacked.pipeline`: a batch, layer count or mesh axis that does not fit
+the stages and microbatches, a schedule it does not know, a block that changes its carry."""
+import jax
+import jax.numpy as jnp
+
+import linen_ext as nn
+from linen_ext import errors
+
+from tests.misuse import case
+
+KEY = jax.random.key(0)
+N = 4
+X = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
+
+
+class Same(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return jnp.tanh(nn.Dense(4)(x))
+
+
+class Shrink(nn.Module):
+  """Same's variables, but the carry loses a feature."""
+
+  @nn.compact
+  def __call__(self, x):
+    return jnp.tanh(nn.Dense(4)(x))[..., :3]
+
+
+class Normalized(nn.Module):
+  """Same, then batch normalisation in training mode: it writes batch statistics."""
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.BatchNorm(use_running_average=False)(Same()(x))
+
+
+def _batch_stats_in_pipeline():
+  stack = nn.Stacked(Normalized, N)
+  variables = stack.init(KEY, X)
+  return stack.apply(variables, X, stages=2, microbatches=2, method='pipeline',
+                     mutable=['batch_stats'])
+
+
+def _pipeline(block=Same, x=X, **options):
+  options = {'stages': 2, 'microbatches': 2, **options}
+  variables = nn.Stacked(Same, N).init(KEY, X)
+  return lambda: nn.Stacked(block, N).apply(variables, x, method='pipeline', **options)
+
+
+def _on_mesh(size, **options):
+  mesh = jax.make_mesh((size,), ('stage',), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:size])
+
+  def mistake():
+    with jax.set_mesh(mesh):
+      return _pipeline(mesh_axis='stage', **options)()
+  return mistake
+
+
+CASES = [
+    case('pipeline microbatches not dividing the batch', _pipeline(microbatches=3),
+         errors.MicrobatchError, 'microbatches=3', 'input x has 2 rows', 'a divisor of 2'),
+    case('pipeline stages not dividing the layers', _pipeline(stages=3),
+         errors.StageCountError, 'stages=3', 'the 4 layers', '[1, 2, 4]'),
+    case('pipeline stages times repeats not dividing the layers', _pipeline(
+        stages=2, repeats=3, schedule='circular'), errors.StageCountError,
+         'stages=2 x repeats=3'),
+    case('pipeline repeats under the gpipe schedule', _pipeline(repeats=2),
+         errors.StageCountError, 'repeats=2', "schedule='circular'"),
+    case('pipeline schedule with an unknown name', _pipeline(schedule='1f1b'),
+         errors.StageCountError, "schedule='1f1b'"),
+    case('pipeline circular schedule with fewer microbatches than stages', _pipeline(
+        x=jnp.ones((1, 4)), microbatches=1, schedule='circular'), errors.MicrobatchError,
+         'microbatches=1 is fewer than stages=2'),
+    case('pipeline block changing the shape of its carry', _pipeline(Shrink),
+         errors.PipelineCarryError, 'float32[1,4]', 'float32[1,3]', 'returns a carry like'),
+    case('pipeline init of a block changing the shape of its carry', lambda: nn.Stacked(
+        Shrink, N).init(KEY, X, stages=2, microbatches=2, method='pipeline'),
+         errors.PipelineCarryError, 'under init', 'float32[2, 4]', 'float32[2, 3]',
+         'keep the carry'),
+    case('pipeline block writing batch statistics', _batch_stats_in_pipeline,
+         errors.PipelineVariablesError, 'variable "mean" of collection "batch_stats"',
+         'BatchNorm_0', 'use_running_average=True'),
+    case('pipeline mesh axis of another size than stages', _on_mesh(1),
+         errors.PipelineMeshError, "mesh_axis='stage'", 'size 1, not stages=2'),
+    case('pipeline mesh axis without a mesh', _pipeline(mesh_axis='stage'),
+         errors.PipelineMeshError, "mesh_axis='stage'", 'no mesh is set'),
+]
