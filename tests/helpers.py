@@ -162,8 +162,9 @@ def run_in_child(call: str, timeout: int = 300) -> subprocess.CompletedProcess:
   """
   module, fn = call.rsplit('.', 1)
   root = pathlib.Path(__file__).resolve().parents[1]
-  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8',
-         'JAX_PLATFORMS': 'cpu'}
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu',
+         'XLA_FLAGS': f"{os.environ.get('XLA_FLAGS', '')} "
+                      '--xla_force_host_platform_device_count=8'}
   code = f'import tests.{module} as t; t.{fn}()'
   return subprocess.run([sys.executable, '-c', code], cwd=root, env=env,
                         capture_output=True, text=True, timeout=timeout)

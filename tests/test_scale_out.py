@@ -182,7 +182,8 @@ def test_on_8_devices_and_over_two_processes(tmp_path):
 def _run_processes(out, *flags, timeout=120):
   """The job with ``--processes 2``, 4 simulated devices each; returns the launcher's result."""
   root = pathlib.Path(__file__).resolve().parents[1]
-  env = {**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=4',
+  env = {**os.environ,
+         'XLA_FLAGS': f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4",
          'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': str(root)}
   command = [sys.executable, str(EXAMPLE), *FAST, '--out', str(out), '--mesh', 'data=4,model=2',
              '--processes', '2', '--process-timeout', '10', '--checkpoint-every', '100', *flags]

@@ -50,9 +50,9 @@ def run_scope(seed):
 
 @pytest.mark.parametrize('run', [run_module, run_scope])
 def test_eight_threads_give_the_serial_results(run):
-  seeds = list(range(8)) * 2
-  serial = [run(seed) for seed in seeds[:8]]
+  seeds = list(range(4)) * 2  # 8 runs at once, each seed twice
+  serial = [run(seed) for seed in seeds[:4]]
   with concurrent.futures.ThreadPoolExecutor(8) as pool:
     threaded = list(pool.map(run, seeds))
   for i, result in enumerate(threaded):
-    assert_trees_equal(result, serial[i % 8])
+    assert_trees_equal(result, serial[i % 4])
