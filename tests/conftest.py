@@ -23,13 +23,9 @@ for name, value in CACHE_SETTINGS.items():
   jax.config.update(name, value)
   os.environ[name.upper()] = str(value)
 
-# The tests' programs are tiny and most run once: LLVM's optimisation of the generated code
-# costs more than it saves (cold, the suite runs about a third faster without it). XLA's
-# HLO passes still run, so buffer assignment (`memory_analysis`), fusion and collectives are
-# those of the optimised program. Set before JAX starts its backend; child processes
-# inherit it.
-CHEAP_CODEGEN = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CHEAP_CODEGEN}".strip()
+# Not done: compiling the tests without LLVM's optimisation (`--xla_backend_optimization_level
+# =0`) saves a third of a cold run, but changes the last bit of some initial values between
+# two programs (ours and Flax's), which the parity tests compare bitwise.
 
 
 TESTS = pathlib.Path(__file__).resolve().parent
