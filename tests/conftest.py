@@ -59,3 +59,14 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "tracer_leaks_outside: JAX or Flax itself keeps this test's tracers (JAX's "
       "partial evaluation with effects, Flax's checkpoint); not leak-checked")
+
+
+# Files of long tests (child processes, the main job, the docs site, mypy), run first: with
+# pytest-xdist a long test collected last keeps one worker busy after the other is done.
+LONG_FIRST = ("test_scale_out.py", "test_pipeline_multidevice.py", "test_train_lm.py",
+              "test_docs.py", "test_type_check.py", "test_threads.py",
+              "test_shard_map_multidevice.py", "test_benchmark_scripts.py")
+
+
+def pytest_collection_modifyitems(config, items):
+  items.sort(key=lambda item: pathlib.Path(str(item.fspath)).name not in LONG_FIRST)
