@@ -442,8 +442,9 @@ class PipelineCarryError(PipelineError):
 
 
 class PipelineVariablesError(PipelineError):
-  """A block wrote a variable (batch statistics, a counter) inside `Stacked.pipeline`,
-  which returns no variables: the write would be lost."""
+  """A block changed the structure, shape or dtype of a variable `Stacked.pipeline`
+  carries from one microbatch to the next (e.g. ``sow`` into a collection passed back in,
+  which grows its tuple)."""
 
 
 class PipelineMeshError(PipelineError):

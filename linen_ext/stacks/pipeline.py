@@ -28,6 +28,7 @@ from lift.metadata import remove_group_axes
 from lift.pack import pack
 
 from linen_ext.stacks import pipeline_checks as checks
+from linen_ext.stacks import pipeline_variables as writes_of
 from linen_ext.stacks.microbatch_rng import microbatch_keys
 
 SCHEDULES = ('gpipe', 'circular')
@@ -172,81 +173,132 @@ def _constrain(tree: Any, plan: PipelinePlan) -> Any:
   return jax.tree.map(one, tree)
 
 
-def _stage_rows(variables: Any, rngs: Any, group: Any) -> tuple[Any, Any]:
-  pick = lambda x: jax.lax.dynamic_index_in_dim(x, group, 0, keepdims=False)  # noqa: E731
-  return jax.tree.map(pick, variables), jax.tree.map(pick, rngs)
+def _stage_rows(tree: Any, group: Any) -> Any:
+  return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, group, 0, keepdims=False), tree)
+
+
+def _put_rows(tree: Any, rows: Any, group: Any, busy: Any) -> Any:
+  """Row ``group`` of ``tree`` set to ``rows`` where the stage was ``busy``."""
+  def one(x, new):
+    old = jax.lax.dynamic_index_in_dim(x, group, 0, keepdims=False)
+    return jax.lax.dynamic_update_index_in_dim(x, jnp.where(busy, new, old), group, 0)
+  return jax.tree.map(one, tree, rows)
 
 
 def _microbatches(x: Any, count: int) -> Any:
   return jax.tree.map(lambda a: a.reshape((count, a.shape[0] // count) + a.shape[1:]), x)
 
 
-def _run(plan: PipelinePlan, layer: Callable[..., Any], variables: Any, rngs: Any, x: Any):
-  """The tick loop over microbatched ``x``; ``layer(carry, variable row, rng row, m)``."""
+def _by_layer(tree: Any, plan: PipelinePlan) -> Any:
+  """(stage, group, layer in group, ...) -> the leading layer axis (storage order)."""
+  return jax.tree.map(lambda a: a.reshape((plan.layers,) + a.shape[3:]), tree)
+
+
+def _by_layer_and_microbatch(per_tick: Any, plan: PipelinePlan) -> Any:
+  """Per-tick outputs ``[ticks, stages, layer in group, ...]`` -> ``[layers, M, ...]``.
+
+  Stage s runs microbatch m of group r at tick ``r * M + m + s``: a gather per stage
+  (a vmap over the stage axis, so a sharded stage axis stays local)."""
+  groups, count = np.arange(plan.repeats), np.arange(plan.microbatches)
+  ticks = (groups[:, None] * plan.microbatches + count[None, :])[None] + np.arange(
+      plan.stages)[:, None, None]
+
+  def one(a):
+    rows = jax.vmap(lambda a_s, t_s: a_s[t_s], in_axes=(1, 0))(a, ticks)  # [S, R, M, k, ...]
+    return _by_layer(jnp.moveaxis(rows, 3, 2), plan)
+  return jax.tree.map(one, per_tick)
+
+
+def _run(plan: PipelinePlan, layer: Callable[..., Any], fixed: Any, state: Any, rngs: Any,
+         x: Any) -> tuple[Any, Any, Any]:
+  """The tick loop over microbatched ``x``.
+
+  ``layer(carry, fixed row, state row, rng row, m) -> (carry, state row, created)``.
+  Returns the output, the carried ``state`` after the last microbatch (layer rows) and
+  what the layers created (``[layers, M, ...]``).
+  """
   inputs = _microbatches(x, plan.microbatches)
-  stage_vars = _constrain(_rows_by_stage(variables, plan), plan)
+  stage_fixed = _constrain(_rows_by_stage(fixed, plan), plan)
   stage_rngs = _rows_by_stage(rngs, plan)
   first = jax.tree.map(lambda a: a[0], inputs)
-  state = jax.tree.map(lambda a: jnp.zeros((plan.stages,) + a.shape, a.dtype), first)
+  buffer = jax.tree.map(lambda a: jnp.zeros((plan.stages,) + a.shape, a.dtype), first)
   done = jax.tree.map(jnp.zeros_like, inputs)
 
-  def stage(variables, rngs, carry, microbatch, group):
-    variables, rngs = _stage_rows(variables, rngs, group)
-    step = lambda c, row: (layer(c, row[0], row[1], microbatch), None)  # noqa: E731
-    return jax.lax.scan(step, carry, (variables, rngs))[0]
+  def stage(fixed, state, rngs, carry, microbatch, group):
+    def step(c, row):
+      c, new_state, created = layer(c, *row, jnp.maximum(microbatch, 0))
+      return c, (new_state, created)
+    carry, (new_state, created) = jax.lax.scan(step, carry, _stage_rows(
+        (fixed, state, rngs), group))
+    return carry, _put_rows(state, new_state, group, microbatch >= 0), created
 
   def tick(carry, work):
-    state, done = carry
+    buffer, state, done = carry
     microbatch, group = work[:, 0], work[:, 1]
     feed = jnp.maximum(microbatch[0], 0)  # stage 0 reads the batch, or a later repeat's input
     entering = jax.tree.map(
         lambda x, d: jnp.where(group[0] > 0, d[feed], x[feed]), inputs, done)
-    shifted = jax.tree.map(lambda s: jnp.roll(s, 1, axis=0), state)
+    shifted = jax.tree.map(lambda s: jnp.roll(s, 1, axis=0), buffer)
     stage_inputs = jax.tree.map(lambda s, e: s.at[0].set(e), shifted, entering)
     stage_inputs = _constrain(stage_inputs, plan)
-    outs = jax.vmap(stage, spmd_axis_name=plan.mesh_axis)(
-        stage_vars, stage_rngs, stage_inputs, jnp.maximum(microbatch, 0), group)
-    outs = _constrain(outs, plan)
+    outs, state, created = jax.vmap(stage, spmd_axis_name=plan.mesh_axis)(
+        stage_fixed, state, stage_rngs, stage_inputs, microbatch, group)
+    outs, state = _constrain(outs, plan), _constrain(state, plan)
     last = microbatch[-1]  # the last stage's output, where it ran a microbatch
     done = jax.tree.map(
         lambda d, o: jnp.where(last >= 0, d.at[jnp.maximum(last, 0)].set(o[-1]), d), done, outs)
-    return (outs, done), None
+    return (outs, state, done), created
 
   table = jnp.asarray(schedule_table(plan.stages, plan.microbatches, plan.repeats))
-  (_, done), _ = loops.run_scan(tick, (state, done), table, remat=plan.remat)
-  return jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), done)
+  state = _constrain(_rows_by_stage(state, plan), plan)
+  (_, state, done), created = loops.run_scan(tick, (buffer, state, done), table,
+                                             remat=plan.remat)
+  y = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), done)
+  return y, _by_layer(state, plan), _by_layer_and_microbatch(created, plan)
 
 
 def lifted_pipeline(plan: PipelinePlan, make_block: Callable[..., Any],
                     metadata_params: Any) -> Callable[..., Any]:
-  """The lifted pipeline: ``fn(scope, x) -> y`` over the variables at the scope."""
+  """The lifted pipeline: ``fn(scope, x) -> y`` over the variables at the scope; mutable
+  collections come back as `pipeline_variables` describes."""
 
   def inner(scope_fn, repack_fn, variable_groups, rng_groups, x):
-    del repack_fn  # the pipeline writes no variables
-    groups = remove_group_axes(variable_groups, (0,), metadata_params)
+    (variables,), = remove_group_axes(variable_groups, (0,), metadata_params)
+    variables = writes_of.flat(variables)
     rngs = split_rng_groups(rng_groups, (True,), plan.layers)
     if plan.schedule == 'circular':
       rngs = take_rows(rngs, circular_order(plan.layers, plan.stages, plan.repeats))
     replay = _CounterReplay()
 
-    def layer(carry, variable_row, rng_row, microbatch):
-      scope = scope_fn(variable_row, _microbatched_rngs(rng_row, microbatch,
-                                                        plan.microbatches))
+    def run_layer(carry, variable_row, rng_row, microbatch):
+      scope = scope_fn(((writes_of.unflat(variable_row),),),
+                       _microbatched_rngs(rng_row, microbatch, plan.microbatches))
       replay.enter(scope)
-      return checks.layer_result(carry, make_block(scope)(carry))
+      carry = checks.layer_result(carry, make_block(scope)(carry))
+      (written,), = repack_fn(scope)
+      return carry, written
 
-    first = _first_rows(groups, rngs)
+    first = _first_rows(variables, rngs)
     microbatch = jax.tree.map(lambda a: a[:a.shape[0] // plan.microbatches], x)
-    jax.eval_shape(lambda c: layer(c, *first, 0), microbatch)  # as lift.scan's pre-pass
+    # a first trace, as lift.scan's: it fixes the rng counters and shows what is written
+    written = jax.eval_shape(lambda c: run_layer(c, *first, 0)[1], microbatch)
     replay.save()
-    y = _run(plan, layer, groups, rngs, x)
-    return y, ()
+    writes = writes_of.classify(first[0], written)
 
-  return pack(inner, (True,), (), (True,), name='pipeline')
+    def layer(carry, fixed_row, state_row, rng_row, microbatch):
+      carry, written = run_layer(carry, {**fixed_row, **state_row}, rng_row, microbatch)
+      return (carry, *writes.split(written))
+
+    state = {p: variables[p] for p in writes.carried}
+    fixed = {p: v for p, v in variables.items() if p not in state}
+    y, state, created = _run(plan, layer, fixed, state, rngs, x)
+    return y, ((writes_of.returned(state, created, metadata_params),),)
+
+  return pack(inner, (True,), (True,), (True,), name='pipeline')
 
 
-def _first_rows(groups: Any, rngs: Any) -> tuple[Any, Any]:
-  return jax.tree.map(lambda a: a[0], groups), jax.tree.map(lambda a: a[0], rngs)
+def _first_rows(variables: Any, rngs: Any) -> tuple[Any, Any]:
+  return jax.tree.map(lambda a: a[0], variables), jax.tree.map(lambda a: a[0], rngs)
 
 
 __all__ = ['schedule_table', 'bubble_fraction', 'circular_order', 'stacked_to_circular',

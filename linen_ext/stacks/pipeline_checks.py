@@ -47,14 +47,6 @@ CARRY_UNDER_INIT = (
     'one activation buffer from stage to stage. Fix: keep the carry\'s structure, shape and '
     'dtype inside the block, or run the stack unpipelined (fold).')
 
-WRITES = (
-    'Stacked.pipeline: the block writes variable "{name}" of collection "{collection}" '
-    '(at "{path}"), but the pipeline returns no variables: each layer runs on microbatches, '
-    'so a write (batch statistics, a counter) has no one value per layer to keep. Fix: run '
-    'the stack unpipelined (fold) where it writes, or keep the collection constant in the '
-    'pipelined run (e.g. nn.BatchNorm(use_running_average=True)).')
-
-
 def _positive(name: str, value: Any) -> int:
   if not isinstance(value, int) or isinstance(value, bool) or value < 1:
     cls = errors.MicrobatchError if name == 'microbatches' else errors.StageCountError

@@ -46,8 +46,4 @@ def run_pipeline(stack: Any, x: Any, *, stages: int, microbatches: int, schedule
       detail = str(error).split(' Fix:')[0]
       raise errors.PipelineCarryError(checks.CARRY_UNDER_INIT.format(error=detail)) from None
   run = lifted_pipeline(plan, stack._factory(), stack.metadata_params)
-  try:
-    return run(stack._bound_scope('Calling Stacked.pipeline'), x)
-  except lift_errors.UnliftedCollectionError as error:
-    raise errors.PipelineVariablesError(checks.WRITES.format(
-        name=error.name, collection=error.collection, path=error.path)) from None
+  return run(stack._bound_scope('Calling Stacked.pipeline'), x)

@@ -1,4 +1,5 @@
-"""Layer stacks with one interface: `Stacked` (one loop) and `BlockSeq` (a Python loop).
+"""Layer stacks with one interface: `Stacked` (one loop) and `BlockSeq` (a Python loop,
+in `block_seq.py`), whose shared calling interface is `LayerStack` here.
 
 Both take a block class and a number of layers (`BlockSeq` also a list of
 blocks) and offer ``fold(x, *args)`` (the block returns the next carry),
@@ -20,24 +21,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import numpy as np
 from flax.core import FrozenDict
 
 import lift
 from lift import loops
-from lift.loops.policies import CARRY_NAME, INPUT_NAME, on_this_backend, step_policy
 
 from linen_ext import errors
-from linen_ext.transforms.lifting import call_lifted, is_module_class
+from linen_ext.transforms.lifting import is_module_class
 from linen_ext.module.core import Module
 from linen_ext.describe import one_line
 from linen_ext.stacks.pipeline_run import run_pipeline
-from linen_ext.stacks.layout import (LayerArgs, check_rows, layer_name, row,
-                                    split_layer_args, stack_trees, stacked_to_layers)
+from linen_ext.stacks.layout import (LayerArgs, check_rows, layer_name, split_layer_args, stacked_to_layers)
 
 _BAD_BLOCK = (
     '{stack}: block {value} is not a Module class. Fix: pass the class '
@@ -49,10 +47,6 @@ _BAD_LENGTH = (
 _BAD_MAPPING = (
     '{stack}: {field}={value!r} is not a dict. Fix: e.g. '
     'metadata_params={{nn.PARTITION_NAME: "layers"}}, block_kwargs={{"features": 8}}.')
-_BAD_BLOCKS = (
-    'BlockSeq: {detail}. Fix: BlockSeq(Block, 4) for 4 layers of one class, or '
-    'BlockSeq([Block(), Other()]) for a list of modules (made in setup, or '
-    'detached with parent=None).')
 _BAD_STEP = (
     '{stack}.{mode}: the block returned {kind}, but {mode} needs {needed}. Fix: '
     'use fold for blocks that return the next carry, scan for blocks that '
@@ -61,7 +55,7 @@ _BAD_STEP = (
 Remat = Any  # anything lift.loops.resolve_remat accepts
 
 
-def _frozen(stack: str, field: str, value: Mapping[Any, Any]) -> FrozenDict:
+def frozen_mapping(stack: str, field: str, value: Mapping[Any, Any]) -> FrozenDict:
   # Hashable, so that a stack inside nn.jit can be part of the cache key.
   if not isinstance(value, Mapping):
     raise errors.LayerStackError(_BAD_MAPPING.format(stack=stack, field=field, value=value))
@@ -76,7 +70,7 @@ def check_remat(remat: Remat, length: int) -> loops.ScanCheckpointPolicy | None:
   return policy
 
 
-def _check_length(stack: str, length: Any) -> int:
+def check_length(stack: str, length: Any) -> int:
   if not isinstance(length, int) or isinstance(length, bool) or length < 1:
     raise errors.LayerStackError(_BAD_LENGTH.format(stack=stack, value=length))
   return length
@@ -86,7 +80,7 @@ def _call_block(block: Module, carry: Any, *args, **kwargs) -> Any:
   return block(carry, *args, **kwargs)
 
 
-def _step_result(stack: str, mode: str, carry: Any, result: Any) -> tuple[Any, Any]:
+def step_result(stack: str, mode: str, carry: Any, result: Any) -> tuple[Any, Any]:
   """``(next carry, out)`` of one layer (fold and vmap have no out); checks its shape."""
   if mode == 'vmap':
     return result, None
@@ -119,7 +113,7 @@ class _BlockFactory:
 
 def _scan_step(make_block, fn, mode, layer_args: LayerArgs, scope, carry, rows):
   args, kwargs = layer_args.for_layer(rows)
-  return _step_result('Stacked', mode, carry, fn(make_block(scope), carry, *args, **kwargs))
+  return step_result('Stacked', mode, carry, fn(make_block(scope), carry, *args, **kwargs))
 
 
 def _vmap_step(make_block, fn, layer_args: LayerArgs, scope, x, rows):
@@ -127,7 +121,7 @@ def _vmap_step(make_block, fn, layer_args: LayerArgs, scope, x, rows):
   return fn(make_block(scope), x, *args, **kwargs)
 
 
-class _LayerStack(Module):
+class LayerStack(Module):
   """The calling interface `Stacked` and `BlockSeq` share; each defines ``_loop``."""
 
   def __call__(self, x: Any, *args, **kwargs) -> Any:
@@ -168,7 +162,7 @@ class _LayerStack(Module):
     return functools.partial(self._loop, fn, 'scan')
 
 
-class Stacked(_LayerStack):
+class Stacked(LayerStack):
   """``length`` copies of a block with stacked variables, run as one loop (`lift.scan`).
 
   The block's variables get a leading layer axis, at the stack's own path:
@@ -219,10 +213,10 @@ class Stacked(_LayerStack):
     if not is_module_class(self.block_cls):
       raise errors.LayerStackError(_BAD_BLOCK.format(stack='Stacked',
                                                      value=one_line(self.block_cls)))
-    check_remat(self.remat, _check_length('Stacked', self.length))
+    check_remat(self.remat, check_length('Stacked', self.length))
     object.__setattr__(self, 'metadata_params',
-                       _frozen('Stacked', 'metadata_params', self.metadata_params))
-    object.__setattr__(self, 'block_kwargs', _frozen('Stacked', 'block_kwargs', self.block_kwargs))
+                       frozen_mapping('Stacked', 'metadata_params', self.metadata_params))
+    object.__setattr__(self, 'block_kwargs', frozen_mapping('Stacked', 'block_kwargs', self.block_kwargs))
     super().__post_init__()
 
   def vmap(self, x: Any, *args, **kwargs) -> Any:
@@ -243,6 +237,9 @@ class Stacked(_LayerStack):
     ``remat`` applies to each tick. ``mesh_axis``: the mesh axis the stage axis is
     sharded over (its size must be ``stages``): name the layer axis of the variables
     for it with ``metadata_params``. Under ``init`` the stack runs as ``fold``.
+    Mutable collections: a variable the stack holds (batch statistics) is updated by
+    each layer's microbatches in turn, as by ``fold`` on each microbatch in turn; one
+    the block creates (``sow``) comes back as ``[layers, microbatches, ...]``.
 
     Examples:
       >>> class Block(nn.Module):
@@ -294,154 +291,4 @@ class Stacked(_LayerStack):
     return carry if mode == 'fold' else (carry, outs)
 
 
-# -- BlockSeq ---------------------------------------------------------------------------
-
-
-def _tag_roots(policy: loops.ScanCheckpointPolicy, carry: Any, rows: Any) -> tuple[Any, Any]:
-  """Names a step's roots for an offloading policy, as the loop engine does."""
-  if policy.save_carries == 'offload':
-    carry = loops.checkpoint_name(carry, CARRY_NAME)
-  if policy.save_inputs == 'offload':
-    rows = loops.checkpoint_name(rows, INPUT_NAME)
-  return carry, rows
-
-
-def _lifted_checkpoint(policy: loops.ScanCheckpointPolicy, jax_policy: Any):
-  return functools.partial(lift.checkpoint, policy=jax_policy, prevent_cse=policy.prevent_cse)
-
-
-def _checkpointed_layer(block: Module, fn, mode: str, policy, layer_args: LayerArgs,
-                        carry: Any, rows: tuple) -> tuple[Any, Any]:
-  """One layer under the lifted checkpoint with the policy's ``jax.checkpoint`` policy."""
-
-  def layer(module, carry):
-    carry, layer_rows = _tag_roots(policy, carry, rows)
-    args, kwargs = layer_args.for_layer(layer_rows)
-    return _step_result('BlockSeq', mode, carry, fn(module, carry, *args, **kwargs))
-
-  build = _lifted_checkpoint(policy, step_policy(policy))
-  return call_lifted('checkpoint', build, layer, block, (carry,), {})
-
-
-def _segments(length: int, nested: bool | int) -> list[range]:
-  """The layers of each outer block of the loop engine's nested plan, in loop order."""
-  starts = np.cumsum((0,) + loops.plan_blocks(length, nested).lengths)
-  return [range(int(start), int(stop)) for start, stop in zip(starts[:-1], starts[1:])]
-
-
-class BlockSeq(_LayerStack):
-  """Layers run one after another in Python, with the interface of `Stacked`.
-
-  ``BlockSeq(Block, 4, block_kwargs=...)`` makes four blocks,
-  ``BlockSeq([Block(), Other()])`` takes detached modules (possibly
-  heterogeneous); either way the blocks sit at ``layers_0``, ``layers_1``, ...
-  (the layout `stacked_to_layers` produces and `scan_layers` runs). With
-  ``remat`` each layer runs under the lifted checkpoint with the policy's
-  ``jax.checkpoint`` policy; ``'nested'`` (or ``nested=b``) checkpoints groups
-  of layers around the checkpointed layers, keeping only the carries that
-  enter groups, as the loop engine does.
-
-  Compiles in time linear in the depth: not for many equal blocks, use
-  `Stacked` or `scan_layers` there.
-
-  Examples:
-    >>> class Block(nn.Module):
-    ...   @nn.compact
-    ...   def __call__(self, x):
-    ...     return x + jnp.tanh(nn.Dense(3)(x))
-    >>> variables = nn.BlockSeq(Block, 3, remat=True).init(jax.random.key(0), jnp.ones((2, 3)))
-    >>> list(variables['params'])
-    ['layers_0', 'layers_1', 'layers_2']
-  """
-  layers: Any
-  length: int | None = None
-  remat: Remat = dataclasses.field(default=False, kw_only=True)
-  block_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict, kw_only=True)
-
-  def __post_init__(self):
-    self._check_layers()
-    check_remat(self.remat, self.num_layers)
-    object.__setattr__(self, 'block_kwargs', _frozen('BlockSeq', 'block_kwargs', self.block_kwargs))
-    super().__post_init__()
-
-  def _check_layers(self):
-    if is_module_class(self.layers):
-      _check_length('BlockSeq', self.length)
-      return
-    if not isinstance(self.layers, Sequence) or not self.layers or not all(
-        isinstance(m, Module) for m in self.layers):
-      raise errors.LayerStackError(_BAD_BLOCKS.format(
-          detail=f'layers={one_line(self.layers)} is neither a Module class nor a '
-          'non-empty list of Modules'))
-    if self.length is not None and self.length != len(self.layers):
-      raise errors.LayerStackError(_BAD_BLOCKS.format(
-          detail=f'length={self.length} but {len(self.layers)} modules were given'))
-
-  @property
-  def num_layers(self) -> int:
-    if is_module_class(self.layers):
-      assert self.length is not None  # __post_init__ checked it
-      return self.length
-    return len(self.layers)
-
-  def setup(self):
-    if is_module_class(self.layers):
-      self.blocks = tuple(self.layers(name=layer_name('layers', i), **self.block_kwargs)
-                          for i in range(self.num_layers))
-
-  @property
-  def _blocks(self) -> tuple[Module, ...]:
-    return self.blocks if is_module_class(self.layers) else tuple(self.layers)
-
-  def unstacked(self) -> tuple[Module, ...]:
-    """The blocks themselves (bound: calling one runs that layer)."""
-    return self._blocks
-
-  def _loop(self, fn: Callable[..., Any], mode: str, x: Any, *args, **kwargs) -> Any:
-    layer_args = split_layer_args(args, kwargs)
-    check_rows(layer_args, self.num_layers, 'BlockSeq')
-    policy = loops.resolve_remat(self.remat)
-    if policy is not None:
-      policy = on_this_backend(policy)
-    if policy is not None and policy.nested and mode != 'vmap':
-      carry, outs = self._nested(fn, mode, policy, layer_args, x)
-    else:
-      carry, outs = self._layers(self._blocks, range(self.num_layers), fn, mode, policy,
-                                 layer_args, x)
-    if mode == 'fold':
-      return carry
-    outs = stack_trees(outs)
-    return outs if mode == 'vmap' else (carry, outs)
-
-  def _layers(self, blocks, indices: range, fn, mode: str, policy, layer_args: LayerArgs,
-              x: Any) -> tuple[Any, list[Any]]:
-    carry, outs = x, []
-    for i in indices:
-      rows = row(layer_args.rows, i)
-      if policy is None:
-        args, kwargs = layer_args.for_layer(rows)
-        result = _step_result('BlockSeq', mode, carry, fn(blocks[i], carry, *args, **kwargs))
-      else:
-        result = _checkpointed_layer(blocks[i], fn, mode, policy, layer_args, carry, rows)
-      if mode == 'vmap':
-        outs.append(result[0])
-      else:
-        carry, out = result
-        outs.append(out)
-    return carry, outs
-
-  def _nested(self, fn, mode: str, policy, layer_args: LayerArgs, x: Any):
-    """Groups of layers under a checkpoint that saves nothing, each layer checkpointed inside."""
-    build = _lifted_checkpoint(policy, None)
-    carry, outs = x, []
-    for indices in _segments(self.num_layers, policy.nested):
-
-      def group(seq, carry, indices=indices):
-        return seq._layers(seq._blocks, indices, fn, mode, policy, layer_args, carry)
-
-      carry, group_outs = call_lifted('checkpoint', build, group, self, (carry,), {})
-      outs.extend(group_outs)
-    return carry, outs
-
-
-__all__ = ['Stacked', 'BlockSeq']
+__all__ = ['Stacked', 'check_remat']

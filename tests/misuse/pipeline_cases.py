@@ -1,5 +1,6 @@
 """Mistakes with `Stacked.pipeline`: a batch, layer count or mesh axis that does not fit
-the stages and microbatches, a schedule it does not know, a block that changes its carry."""
+the stages and microbatches, a schedule it does not know, a block that changes its carry
+or a variable it carries."""
 import jax
 import jax.numpy as jnp
 
@@ -27,19 +28,22 @@ class Shrink(nn.Module):
     return jnp.tanh(nn.Dense(4)(x))[..., :3]
 
 
-class Normalized(nn.Module):
-  """Same, then batch normalisation in training mode: it writes batch statistics."""
+class Sowing(nn.Module):
+  """Same, sowing its activation."""
 
   @nn.compact
   def __call__(self, x):
-    return nn.BatchNorm(use_running_average=False)(Same()(x))
+    y = Same()(x)
+    self.sow('intermediates', 'y', y)
+    return y
 
 
-def _batch_stats_in_pipeline():
-  stack = nn.Stacked(Normalized, N)
+def _sown_collection_passed_back_in():
+  stack = nn.Stacked(Sowing, N)
   variables = stack.init(KEY, X)
-  return stack.apply(variables, X, stages=2, microbatches=2, method='pipeline',
-                     mutable=['batch_stats'])
+  _, sown = stack.apply(variables, X, mutable=['intermediates'])
+  return stack.apply({**variables, **sown}, X, stages=2, microbatches=2, method='pipeline',
+                     mutable=['intermediates'])
 
 
 def _pipeline(block=Same, x=X, **options):
@@ -79,9 +83,10 @@ CASES = [
         Shrink, N).init(KEY, X, stages=2, microbatches=2, method='pipeline'),
          errors.PipelineCarryError, 'under init', 'float32[2, 4]', 'float32[2, 3]',
          'keep the carry'),
-    case('pipeline block writing batch statistics', _batch_stats_in_pipeline,
-         errors.PipelineVariablesError, 'variable "mean" of collection "batch_stats"',
-         'BatchNorm_0', 'use_running_average=True'),
+    case('pipeline block sowing into a collection passed back in',
+         _sown_collection_passed_back_in, errors.PipelineVariablesError,
+         'variable "y" of collection "intermediates"', "('float32[2,4]',)",
+         'leave it out of the variables'),
     case('pipeline mesh axis of another size than stages', _on_mesh(1),
          errors.PipelineMeshError, "mesh_axis='stage'", 'size 1, not stages=2'),
     case('pipeline mesh axis without a mesh', _pipeline(mesh_axis='stage'),
