@@ -5,11 +5,13 @@ In one child interpreter (JAX fixes the device count when it starts): for both s
 of the pipeline with its stage axis sharded over 'stage' equal `fold`'s on one device; the
 compiled program moves activations with collective-permutes to the next stage and gathers
 nothing (no stage's variables); each device holds the rows of its stage only (compiled
-shardings). With ``LIFT_SLOW_CHECKS=1`` (not in CI: it compiles two Transformer training
+shardings), of a variable the pipeline carries too; sown values come back per layer and
+microbatch, equal to fold's on the whole batch. With ``LIFT_SLOW_CHECKS=1`` (not in CI: it compiles two Transformer training
 steps) also: examples/train_lm.py with ``--mesh stage=4,data=2 --pipeline-stages 4
 --microbatches 8`` trains with the losses of its unpipelined run on one device, its
 blocks' rows on their stage's devices.
 """
+import functools
 import importlib.util
 import os
 import pathlib
@@ -31,22 +33,34 @@ RNGS = {'dropout': jax.random.key(5)}
 
 
 class Block(nn.Module):
+  """Dropout, a count of calls (a variable the pipeline carries per layer) and a sown
+  activation (one it creates per layer and microbatch)."""
+
   @nn.compact
   def __call__(self, x):
     kernel = nn.with_partitioning(nn.initializers.lecun_normal(), (None, None))
     bias = nn.with_partitioning(nn.initializers.zeros, (None,))
     y = nn.Dense(FEATURES, kernel_init=kernel, bias_init=bias)(x)
-    return x + nn.Dropout(0.25, deterministic=False)(jnp.tanh(y))
+    calls = self.variable('counter', 'calls', lambda: jnp.zeros((), jnp.int32))
+    calls.value += 1
+    y = nn.Dropout(0.25, deterministic=False)(jnp.tanh(y))
+    self.sow('intermediates', 'y', y)
+    return x + y
+
+
+WRITTEN = ['counter', 'intermediates']
 
 
 def _loss_and_grads(stack, **pipeline):
-  def loss(params):
+  def loss(params, counter):
+    variables = {'params': params, 'counter': counter}
     if pipeline:
-      y = stack.apply({'params': params}, X, rngs=RNGS, method='pipeline', **pipeline)
+      y, written = stack.apply(variables, X, rngs=RNGS, method='pipeline', mutable=WRITTEN,
+                               **pipeline)
     else:
-      y = stack.apply({'params': params}, X, rngs=RNGS)
-    return jnp.mean(y ** 2)
-  return jax.value_and_grad(loss)
+      y, written = stack.apply(variables, X, rngs=RNGS, mutable=WRITTEN)
+    return jnp.mean(y ** 2), written
+  return jax.value_and_grad(loss, has_aux=True)
 
 
 def _check_rows_per_device(sharding, shape):
@@ -59,17 +73,23 @@ def _check_rows_per_device(sharding, shape):
 
 
 def _check_schedule(mesh, stack, boxed, schedule, **options):
-  params = nn.unbox(boxed)['params']
+  """Returns (loss, written collections, grads), in Stacked's layer order."""
+  params, counter = nn.unbox(boxed)['params'], boxed['counter']
+  to_stacked = lambda tree: tree  # noqa: E731
   if schedule == 'circular':
     params = nn.stacked_to_circular(params, stages=STAGES, repeats=options['repeats'])
+    to_stacked = functools.partial(nn.circular_to_stacked, stages=STAGES,
+                                   repeats=options['repeats'])
   specs = nn.get_partition_spec(boxed)['params']
   shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs)
+  by_stage = NamedSharding(mesh, jax.sharding.PartitionSpec('stage'))
   fn = jax.jit(_loss_and_grads(stack, stages=STAGES, microbatches=4, schedule=schedule,
                                mesh_axis='stage', **options),
-               in_shardings=(shardings,), out_shardings=(None, shardings))
+               in_shardings=(shardings, by_stage), out_shardings=((None, None), shardings))
   with jax.set_mesh(mesh):
-    compiled = fn.lower(params).compile()
-    loss, grads = compiled(jax.device_put(params, shardings))
+    compiled = fn.lower(params, counter).compile()
+    (loss, written), grads = compiled(jax.device_put(params, shardings),
+                                      jax.device_put(counter, by_stage))
   hlo = compiled.as_text()
   # the shift: each device sends its microbatch (f32[1,3,6]) to the next stage's devices
   # (mesh (stage, data): device d to d + 2, the last stage to the first)
@@ -80,12 +100,11 @@ def _check_schedule(mesh, stack, boxed, schedule, **options):
   for spec, sharding, leaf in zip(jax.tree.leaves(specs), compiled_in, jax.tree.leaves(params)):
     assert spec[0] == 'stage' and sharding.spec[0] == 'stage', (spec, sharding)
     _check_rows_per_device(sharding, leaf.shape)
-  for leaf in jax.tree.leaves(grads):
-    assert leaf.sharding.spec[0] == 'stage'
+  # the carried counter stays on its stage's devices; the sown values are per layer
+  for leaf in jax.tree.leaves(grads) + [written['counter']['calls']]:
+    assert leaf.sharding.spec[0] == 'stage', leaf.sharding
     _check_rows_per_device(leaf.sharding, leaf.shape)
-  if schedule == 'circular':
-    grads = nn.circular_to_stacked(grads, stages=STAGES, repeats=options['repeats'])
-  return loss, grads
+  return loss, to_stacked(written), to_stacked(grads)
 
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / 'examples' / 'train_lm.py'
@@ -141,11 +160,18 @@ def run_check():
   mesh = jax.make_mesh((STAGES, 2), ('stage', 'data'), axis_types=(auto, auto))
   stack = nn.Stacked(Block, LAYERS, metadata_params={nn.PARTITION_NAME: 'stage'})
   boxed = stack.init(jax.random.key(0), X)
-  expected = jax.jit(_loss_and_grads(stack))(nn.unbox(boxed)['params'])
+  (loss, written), grads = jax.jit(_loss_and_grads(stack))(nn.unbox(boxed)['params'],
+                                                           boxed['counter'])
   for schedule, options, remat in (('gpipe', {}, False), ('circular', {'repeats': 2}, 'nested')):
     piped = nn.Stacked(Block, LAYERS, remat=remat, metadata_params={nn.PARTITION_NAME: 'stage'})
-    got = _check_schedule(mesh, piped, boxed, schedule, **options)
-    assert_trees_close(got, expected, depth=LAYERS)
+    got_loss, got_written, got_grads = _check_schedule(mesh, piped, boxed, schedule, **options)
+    assert_trees_close((got_loss, got_grads), (loss, grads), depth=LAYERS)
+    # each layer counted init and the 4 microbatches; fold counted init and the batch
+    assert got_written['counter']['calls'].tolist() == [5] * LAYERS
+    assert written['counter']['calls'].tolist() == [2] * LAYERS
+    (sown,), (expected,) = got_written['intermediates']['y'], written['intermediates']['y']
+    assert sown.shape == (LAYERS, 4, 3, FEATURES)  # [layers, microbatches, rows, features]
+    assert_trees_close(sown.reshape(expected.shape), expected, depth=LAYERS)
   if os.environ.get('LIFT_SLOW_CHECKS') == '1':  # two Transformer steps compiled: ~15 s
     _check_train_lm()
   print(MARK)
