@@ -428,7 +428,8 @@ class PipelineError(LayerStackError):
 
 class MicrobatchError(PipelineError):
   """``microbatches`` is not a positive int that divides the batch (the leading axis of
-  every input leaf), or is fewer than ``stages`` under the circular schedule."""
+  every input leaf), or is fewer than ``stages`` under the circular schedule, or an array
+  argument (per example, like ``x``) has another leading axis than the batch."""
 
 
 class StageCountError(PipelineError):

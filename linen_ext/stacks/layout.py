@@ -229,6 +229,11 @@ class LayerArgs(NamedTuple):
     return tuple(fill(v) for v in self.args), {k: fill(v) for k, v in self.kwargs.items()}
 
 
+def is_row_slot(value: Any) -> bool:
+  """Whether ``value`` is the slot of a `per_layer` value in `LayerArgs`' templates."""
+  return isinstance(value, _Row)
+
+
 def split_layer_args(args: tuple, kwargs: Mapping[str, Any]) -> LayerArgs:
   """Takes the `per_layer` values (top-level positional or keyword) out of a call."""
   rows: list[Any] = []

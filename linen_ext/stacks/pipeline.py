@@ -30,6 +30,7 @@ from lift.pack import pack
 from linen_ext.stacks import pipeline_checks as checks
 from linen_ext.stacks import pipeline_variables as writes_of
 from linen_ext.stacks.microbatch_rng import microbatch_keys
+from linen_ext.stacks.pipeline_args import PipelineArgs
 
 SCHEDULES = ('gpipe', 'circular')
 
@@ -209,27 +210,31 @@ def _by_layer_and_microbatch(per_tick: Any, plan: PipelinePlan) -> Any:
   return jax.tree.map(one, per_tick)
 
 
-def _run(plan: PipelinePlan, layer: Callable[..., Any], fixed: Any, state: Any, rngs: Any,
-         x: Any) -> tuple[Any, Any, Any]:
-  """The tick loop over microbatched ``x``.
+def _run(plan: PipelinePlan, layer: Callable[..., Any], per_layer: Any, state: Any, x: Any,
+         per_example: Any) -> tuple[Any, Any, Any]:
+  """The tick loop over microbatched ``x`` (and ``per_example`` arguments).
 
-  ``layer(carry, fixed row, state row, rng row, m) -> (carry, state row, created)``.
+  ``layer(carry, per-layer row, state row, examples, m) -> (carry, state row, created)``,
+  where ``per_layer`` holds the layer rows of the fixed variables, the rng keys and the
+  `per_layer` arguments, and ``examples`` is microbatch m of ``per_example``.
   Returns the output, the carried ``state`` after the last microbatch (layer rows) and
   what the layers created (``[layers, M, ...]``).
   """
   inputs = _microbatches(x, plan.microbatches)
-  stage_fixed = _constrain(_rows_by_stage(fixed, plan), plan)
-  stage_rngs = _rows_by_stage(rngs, plan)
+  examples = _microbatches(per_example, plan.microbatches)
+  stage_rows = _constrain(_rows_by_stage(per_layer, plan), plan)
   first = jax.tree.map(lambda a: a[0], inputs)
   buffer = jax.tree.map(lambda a: jnp.zeros((plan.stages,) + a.shape, a.dtype), first)
   done = jax.tree.map(jnp.zeros_like, inputs)
 
-  def stage(fixed, state, rngs, carry, microbatch, group):
+  def stage(rows, state, carry, microbatch, group):
+    m = jnp.maximum(microbatch, 0)
+    mine = jax.tree.map(lambda a: a[m], examples)
+
     def step(c, row):
-      c, new_state, created = layer(c, *row, jnp.maximum(microbatch, 0))
+      c, new_state, created = layer(c, *row, mine, m)
       return c, (new_state, created)
-    carry, (new_state, created) = jax.lax.scan(step, carry, _stage_rows(
-        (fixed, state, rngs), group))
+    carry, (new_state, created) = jax.lax.scan(step, carry, _stage_rows((rows, state), group))
     return carry, _put_rows(state, new_state, group, microbatch >= 0), created
 
   def tick(carry, work):
@@ -242,7 +247,7 @@ def _run(plan: PipelinePlan, layer: Callable[..., Any], fixed: Any, state: Any, 
     stage_inputs = jax.tree.map(lambda s, e: s.at[0].set(e), shifted, entering)
     stage_inputs = _constrain(stage_inputs, plan)
     outs, state, created = jax.vmap(stage, spmd_axis_name=plan.mesh_axis)(
-        stage_fixed, state, stage_rngs, stage_inputs, microbatch, group)
+        stage_rows, state, stage_inputs, microbatch, group)
     outs, state = _constrain(outs, plan), _constrain(state, plan)
     last = microbatch[-1]  # the last stage's output, where it ran a microbatch
     done = jax.tree.map(
@@ -257,48 +262,50 @@ def _run(plan: PipelinePlan, layer: Callable[..., Any], fixed: Any, state: Any, 
   return y, _by_layer(state, plan), _by_layer_and_microbatch(created, plan)
 
 
-def lifted_pipeline(plan: PipelinePlan, make_block: Callable[..., Any],
-                    metadata_params: Any) -> Callable[..., Any]:
-  """The lifted pipeline: ``fn(scope, x) -> y`` over the variables at the scope; mutable
-  collections come back as `pipeline_variables` describes."""
+def lifted_pipeline(plan: PipelinePlan, make_block: Callable[..., Any], metadata_params: Any,
+                    call: PipelineArgs) -> Callable[..., Any]:
+  """The lifted pipeline: ``fn(scope, x, per_example, per_layer) -> y`` over the variables
+  at the scope (arguments as `pipeline_args.split` gives them); mutable collections come
+  back as `pipeline_variables` describes."""
 
-  def inner(scope_fn, repack_fn, variable_groups, rng_groups, x):
+  def inner(scope_fn, repack_fn, variable_groups, rng_groups, x, per_example, arg_rows):
     (variables,), = remove_group_axes(variable_groups, (0,), metadata_params)
     variables = writes_of.flat(variables)
     rngs = split_rng_groups(rng_groups, (True,), plan.layers)
     if plan.schedule == 'circular':
-      rngs = take_rows(rngs, circular_order(plan.layers, plan.stages, plan.repeats))
+      order = circular_order(plan.layers, plan.stages, plan.repeats)
+      rngs, arg_rows = take_rows(rngs, order), take_rows(arg_rows, order)
     replay = _CounterReplay()
 
-    def run_layer(carry, variable_row, rng_row, microbatch):
+    def run_layer(carry, variable_row, rng_row, arg_row, examples, microbatch):
       scope = scope_fn(((writes_of.unflat(variable_row),),),
                        _microbatched_rngs(rng_row, microbatch, plan.microbatches))
       replay.enter(scope)
-      carry = checks.layer_result(carry, make_block(scope)(carry))
+      args, kwargs = call.for_layer(examples, arg_row)
+      carry = checks.layer_result(carry, make_block(scope)(carry, *args, **kwargs))
       (written,), = repack_fn(scope)
       return carry, written
 
-    first = _first_rows(variables, rngs)
-    microbatch = jax.tree.map(lambda a: a[:a.shape[0] // plan.microbatches], x)
+    row, rng_row, arg_row = jax.tree.map(lambda a: a[0], (variables, rngs, arg_rows))
+    first_batch = jax.tree.map(lambda a: a[:a.shape[0] // plan.microbatches], (x, per_example))
     # a first trace, as lift.scan's: it fixes the rng counters and shows what is written
-    written = jax.eval_shape(lambda c: run_layer(c, *first, 0)[1], microbatch)
+    written = jax.eval_shape(lambda c, e: run_layer(c, row, rng_row, arg_row, e, 0)[1],
+                             *first_batch)
     replay.save()
-    writes = writes_of.classify(first[0], written)
+    writes = writes_of.classify(row, written)
 
-    def layer(carry, fixed_row, state_row, rng_row, microbatch):
-      carry, written = run_layer(carry, {**fixed_row, **state_row}, rng_row, microbatch)
+    def layer(carry, per_layer_row, state_row, examples, microbatch):
+      fixed_row, rng_row, arg_row = per_layer_row
+      carry, written = run_layer(carry, {**fixed_row, **state_row}, rng_row, arg_row,
+                                 examples, microbatch)
       return (carry, *writes.split(written))
 
     state = {p: variables[p] for p in writes.carried}
     fixed = {p: v for p, v in variables.items() if p not in state}
-    y, state, created = _run(plan, layer, fixed, state, rngs, x)
+    y, state, created = _run(plan, layer, (fixed, rngs, arg_rows), state, x, per_example)
     return y, ((writes_of.returned(state, created, metadata_params),),)
 
   return pack(inner, (True,), (True,), (True,), name='pipeline')
-
-
-def _first_rows(variables: Any, rngs: Any) -> tuple[Any, Any]:
-  return jax.tree.map(lambda a: a[0], variables), jax.tree.map(lambda a: a[0], rngs)
 
 
 __all__ = ['schedule_table', 'bubble_fraction', 'circular_order', 'stacked_to_circular',

@@ -27,6 +27,11 @@ _MICROBATCHES = (
     'Stacked.pipeline: microbatches={count} does not divide the batch: input {path} has '
     '{rows} rows (leading axis). Fix: a divisor of {rows} (e.g. {example}), or pad the '
     'batch to a multiple of {count}.')
+_OTHER_BATCH = (
+    'Stacked.pipeline: argument {path} has {rows} rows (leading axis), but the batch (x) '
+    'has {batch}. An array argument is per example, like x: its leading axis is the batch, '
+    'split into the same microbatches. Fix: give it a row per example; for an array every '
+    'example shares, broadcast it to the batch: jnp.broadcast_to(a, ({batch},) + a.shape).')
 _CIRCULAR_FEW = (
     "Stacked.pipeline: microbatches={count} is fewer than stages={stages} under "
     "schedule='circular': a microbatch comes back to stage 0 only after passing all "
@@ -70,15 +75,23 @@ def check_stages(layers: int, stages: Any, schedule: Any, repeats: Any) -> None:
                                                 divisors=divisors))
 
 
-def check_microbatches(x: Any, count: Any, stages: int, schedule: str) -> None:
-  """``microbatches`` against the leading axis of every leaf of ``x``."""
+def check_microbatches(inputs: dict[str, Any], count: Any, stages: int,
+                       schedule: str) -> None:
+  """``microbatches`` against the leading axis of every leaf of the per-example
+  ``inputs`` (``x`` and the array arguments, by name)."""
   _positive('microbatches', count)
-  for path, leaf in jax.tree_util.tree_leaves_with_path(x):
-    rows = leaf.shape[0] if getattr(leaf, 'ndim', 0) else 0
-    if not rows or rows % count:
-      example = max(d for d in range(1, max(rows, 1) + 1) if rows % d == 0 and d <= count)
-      raise errors.MicrobatchError(_MICROBATCHES.format(
-          count=count, path=f'x{jax.tree_util.keystr(path)}', rows=rows, example=example))
+  batch = None
+  for name, tree in inputs.items():
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+      rows = leaf.shape[0] if getattr(leaf, 'ndim', 0) else 0
+      where = f'{name}{jax.tree_util.keystr(path)}'
+      batch = rows if batch is None else batch
+      if name != 'x' and rows != batch:
+        raise errors.MicrobatchError(_OTHER_BATCH.format(path=where, rows=rows, batch=batch))
+      if not rows or rows % count:
+        example = max(d for d in range(1, max(rows, 1) + 1) if rows % d == 0 and d <= count)
+        raise errors.MicrobatchError(_MICROBATCHES.format(count=count, path=where, rows=rows,
+                                                          example=example))
   if schedule == 'circular' and count < stages:
     raise errors.MicrobatchError(_CIRCULAR_FEW.format(count=count, stages=stages))
 

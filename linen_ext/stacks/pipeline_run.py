@@ -11,17 +11,19 @@ import lift
 from lift import errors as lift_errors
 
 from linen_ext import errors
+from linen_ext.stacks import pipeline_args
 from linen_ext.stacks import pipeline_checks as checks
+from linen_ext.stacks.layout import check_rows, split_layer_args
 from linen_ext.stacks.pipeline import (PipelinePlan, circular_order, lifted_pipeline,
                                        take_rows)
 
 
-def _init_circular(stack: Any, x: Any, plan: PipelinePlan) -> Any:
+def _init_circular(stack: Any, plan: PipelinePlan, x: Any, args: tuple, kwargs: dict) -> Any:
   order = circular_order(plan.layers, plan.stages, plan.repeats)
   inverse = order.argsort()
 
   def fold(scope, x):
-    return stack.clone(parent=scope).fold(x)
+    return stack.clone(parent=scope).fold(x, *args, **kwargs)
 
   mapped = lift.map_variables(fold, True, map_in_fn=lambda v: take_rows(v, inverse),
                               map_out_fn=lambda v: take_rows(v, order), init=True,
@@ -29,21 +31,26 @@ def _init_circular(stack: Any, x: Any, plan: PipelinePlan) -> Any:
   return mapped(stack._bound_scope('Calling Stacked.pipeline'), x)
 
 
-def run_pipeline(stack: Any, x: Any, *, stages: int, microbatches: int, schedule: str,
-                 repeats: int, mesh_axis: str | None) -> Any:
-  """``stack.fold(x)`` run as a pipeline; see `Stacked.pipeline`."""
+def run_pipeline(stack: Any, x: Any, args: tuple, kwargs: dict, *, stages: int,
+                 microbatches: int, schedule: str, repeats: int, mesh_axis: str | None) -> Any:
+  """``stack.fold(x, *args, **kwargs)`` run as a pipeline; see `Stacked.pipeline`."""
   checks.check_stages(stack.length, stages, schedule, repeats)
-  checks.check_microbatches(x, microbatches, stages, schedule)
+  call, per_example, rows = pipeline_args.split(args, kwargs)
+  checks.check_microbatches({'x': x, **dict(zip(call.names, per_example))}, microbatches,
+                            stages, schedule)
+  check_rows(split_layer_args(args, kwargs), stack.length, 'Stacked.pipeline')
   checks.check_mesh_axis(mesh_axis, stages)
   plan = PipelinePlan(stack.length, stages, microbatches, schedule, repeats, mesh_axis,
                       stack.remat)
   if stack.is_initializing():
     try:
-      return _init_circular(stack, x, plan) if schedule == 'circular' else stack.fold(x)
+      if schedule == 'circular':
+        return _init_circular(stack, plan, x, args, kwargs)
+      return stack.fold(x, *args, **kwargs)
     except (lift_errors.ScanBodyError, errors.LayerStackError) as error:
       if isinstance(error, errors.PipelineError) or 'carry' not in str(error):
         raise
       detail = str(error).split(' Fix:')[0]
       raise errors.PipelineCarryError(checks.CARRY_UNDER_INIT.format(error=detail)) from None
-  run = lifted_pipeline(plan, stack._factory(), stack.metadata_params)
-  return run(stack._bound_scope('Calling Stacked.pipeline'), x)
+  run = lifted_pipeline(plan, stack._factory(), stack.metadata_params, call)
+  return run(stack._bound_scope('Calling Stacked.pipeline'), x, per_example, rows)

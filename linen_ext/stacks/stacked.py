@@ -223,14 +223,16 @@ class Stacked(LayerStack):
     """Every layer on the same ``x``, in parallel; outputs stacked along a new axis 0."""
     return self._vmapped(_call_block, x, self._layer_args(args, kwargs))
 
-  def pipeline(self, x: Any, *, stages: int, microbatches: int, schedule: str = 'gpipe',
-               repeats: int = 1, mesh_axis: str | None = None) -> Any:
-    """``fold(x)`` as a pipeline: ``stages`` stages of consecutive layers, ``microbatches``.
+  def pipeline(self, x: Any, *args, stages: int, microbatches: int, schedule: str = 'gpipe',
+               repeats: int = 1, mesh_axis: str | None = None, **kwargs) -> Any:
+    """``fold(x, *args, **kwargs)`` as a pipeline of ``stages`` stages, ``microbatches``.
 
     The batch (leading axis of ``x``) splits into ``microbatches`` that flow through the
     stages, one stage per tick, in ``microbatches * repeats + stages - 1`` ticks;
     notes/0006-pipeline.md gives the schedule. Values, gradients and rng draws (dropout)
-    are those of ``fold(x)`` on the whole batch. Under ``'gpipe'`` the variables are
+    are those of ``fold`` on the whole batch. Arguments: `per_layer` values give row i to
+    layer i; arrays are per example like ``x`` (split into the same microbatches); Python
+    values go to every layer as they are. Under ``'gpipe'`` the variables are
     the stack's own (a checkpoint moves between the two unchanged); under
     ``'circular'`` (``repeats`` groups of layers per stage) they are stored in the order
     of `circular_order` (convert with `stacked_to_circular` / `circular_to_stacked`).
@@ -252,7 +254,7 @@ class Stacked(LayerStack):
       >>> bool(jnp.allclose(y, stack.apply(variables, x), atol=1e-6))
       True
     """
-    return run_pipeline(self, x, stages=stages, microbatches=microbatches,
+    return run_pipeline(self, x, args, kwargs, stages=stages, microbatches=microbatches,
                         schedule=schedule, repeats=repeats, mesh_axis=mesh_axis)
 
   def unstacked(self) -> tuple[Module, ...]:

@@ -46,10 +46,18 @@ def _sown_collection_passed_back_in():
                      mutable=['intermediates'])
 
 
-def _pipeline(block=Same, x=X, **options):
+class Masked(nn.Module):
+  """Same, times a per-example mask."""
+
+  @nn.compact
+  def __call__(self, x, mask):
+    return Same()(x) * mask
+
+
+def _pipeline(block=Same, x=X, args=(), **options):
   options = {'stages': 2, 'microbatches': 2, **options}
   variables = nn.Stacked(Same, N).init(KEY, X)
-  return lambda: nn.Stacked(block, N).apply(variables, x, method='pipeline', **options)
+  return lambda: nn.Stacked(block, N).apply(variables, x, *args, method='pipeline', **options)
 
 
 def _on_mesh(size, **options):
@@ -65,6 +73,9 @@ def _on_mesh(size, **options):
 CASES = [
     case('pipeline microbatches not dividing the batch', _pipeline(microbatches=3),
          errors.MicrobatchError, 'microbatches=3', 'input x has 2 rows', 'a divisor of 2'),
+    case('pipeline array argument without the batch axis', _pipeline(
+        Masked, args=(jnp.ones(4),)), errors.MicrobatchError, 'argument args[0] has 4 rows',
+         'the batch (x) has 2', 'jnp.broadcast_to(a, (2,)'),
     case('pipeline stages not dividing the layers', _pipeline(stages=3),
          errors.StageCountError, 'stages=3', 'the 4 layers', '[1, 2, 4]'),
     case('pipeline stages times repeats not dividing the layers', _pipeline(

@@ -91,3 +91,37 @@ def test_bubble_is_idle_ticks(stages, microbatches, repeats):
                                         for r in range(repeats)]
     ticks_busy = np.flatnonzero(table[:, stage, 0] >= 0)
     np.testing.assert_array_equal(ticks_busy - stage, busy[:, 1] * microbatches + busy[:, 0])
+
+
+class Gated(nn.Module):
+  """Takes a per-example mask, a per-layer scale and a Python flag, as fold passes them."""
+
+  @nn.compact
+  def __call__(self, x, mask, scale, *, negate: bool):
+    y = jnp.tanh(nn.Dense(3)(x)) * mask * scale
+    return x - y if negate else x + y
+
+
+@pytest.mark.parametrize('schedule', ['gpipe', 'circular'])
+def test_arguments_are_fold_s_per_example_rows_and_per_layer_rows(schedule):
+  stack = nn.Stacked(Gated, LAYERS)
+  mask = (jnp.arange(X.size).reshape(X.shape) % 3 > 0).astype(X.dtype)
+  scale = nn.per_layer(jnp.array([1.0, -2.0, 0.5, 3.0]))
+  variables = stack.init(jax.random.key(0), X, mask, scale, negate=True)
+  options = dict(stages=2, microbatches=4, schedule=schedule,
+                 repeats=2 if schedule == 'circular' else 1)
+  stored, to_stacked = variables, lambda tree: tree  # noqa: E731
+  if schedule == 'circular':
+    stored = pipe.stacked_to_circular(variables, stages=2, repeats=2)
+    to_stacked = functools.partial(pipe.circular_to_stacked, stages=2, repeats=2)
+    # per_layer rows are in Stacked's layer order, whatever the storage order
+    assert_trees_equal(stack.init(jax.random.key(0), X, mask, scale, negate=True,
+                                  method='pipeline', **options), stored)
+
+  def loss(variables, **pipeline):
+    method = 'pipeline' if pipeline else None
+    y = stack.apply(variables, X, mask, scale, negate=True, method=method, **pipeline)
+    return jnp.sum(y ** 2)
+  got = jax.jit(jax.value_and_grad(lambda v: loss(v, **options)))(stored)
+  expected = jax.jit(jax.value_and_grad(loss))(variables)
+  assert_trees_close((got[0], to_stacked(got[1])), expected, depth=LAYERS)

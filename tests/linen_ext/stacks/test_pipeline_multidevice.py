@@ -1,7 +1,8 @@
 """`Stacked.pipeline` on a (stage=4, data=2) mesh of 8 simulated CPU devices.
 
 In one child interpreter (JAX fixes the device count when it starts): for both schedules
-(gpipe without remat, circular with remat='nested'), with dropout, the loss and gradients
+(gpipe without remat, circular with remat='nested'), with dropout and a per-example mask
+argument, the loss and gradients
 of the pipeline with its stage axis sharded over 'stage' equal `fold`'s on one device; the
 compiled program moves activations with collective-permutes to the next stage and gathers
 nothing (no stage's variables); each device holds the rows of its stage only (compiled
@@ -29,21 +30,22 @@ from tests.helpers import assert_trees_close, run_in_child
 MARK = 'PIPELINE_ON_8_DEVICES_OK'
 STAGES, LAYERS, FEATURES = 4, 8, 6
 X = jnp.linspace(-1.0, 1.0, 12 * FEATURES).reshape(12, FEATURES)
+MASK = (jnp.arange(X.size).reshape(X.shape) % 5 > 0).astype(X.dtype)
 RNGS = {'dropout': jax.random.key(5)}
 
 
 class Block(nn.Module):
-  """Dropout, a count of calls (a variable the pipeline carries per layer) and a sown
-  activation (one it creates per layer and microbatch)."""
+  """Dropout, a per-example mask argument, a count of calls (a variable the pipeline
+  carries per layer) and a sown activation (one it creates per layer and microbatch)."""
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, mask):
     kernel = nn.with_partitioning(nn.initializers.lecun_normal(), (None, None))
     bias = nn.with_partitioning(nn.initializers.zeros, (None,))
     y = nn.Dense(FEATURES, kernel_init=kernel, bias_init=bias)(x)
     calls = self.variable('counter', 'calls', lambda: jnp.zeros((), jnp.int32))
     calls.value += 1
-    y = nn.Dropout(0.25, deterministic=False)(jnp.tanh(y))
+    y = nn.Dropout(0.25, deterministic=False)(jnp.tanh(y)) * mask
     self.sow('intermediates', 'y', y)
     return x + y
 
@@ -55,10 +57,10 @@ def _loss_and_grads(stack, **pipeline):
   def loss(params, counter):
     variables = {'params': params, 'counter': counter}
     if pipeline:
-      y, written = stack.apply(variables, X, rngs=RNGS, method='pipeline', mutable=WRITTEN,
-                               **pipeline)
+      y, written = stack.apply(variables, X, MASK, rngs=RNGS, method='pipeline',
+                               mutable=WRITTEN, **pipeline)
     else:
-      y, written = stack.apply(variables, X, rngs=RNGS, mutable=WRITTEN)
+      y, written = stack.apply(variables, X, MASK, rngs=RNGS, mutable=WRITTEN)
     return jnp.mean(y ** 2), written
   return jax.value_and_grad(loss, has_aux=True)
 
@@ -159,7 +161,7 @@ def run_check():
   auto = jax.sharding.AxisType.Auto
   mesh = jax.make_mesh((STAGES, 2), ('stage', 'data'), axis_types=(auto, auto))
   stack = nn.Stacked(Block, LAYERS, metadata_params={nn.PARTITION_NAME: 'stage'})
-  boxed = stack.init(jax.random.key(0), X)
+  boxed = stack.init(jax.random.key(0), X, MASK)
   (loss, written), grads = jax.jit(_loss_and_grads(stack))(nn.unbox(boxed)['params'],
                                                            boxed['counter'])
   for schedule, options, remat in (('gpipe', {}, False), ('circular', {'repeats': 2}, 'nested')):
