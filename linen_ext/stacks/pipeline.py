@@ -7,7 +7,8 @@ microbatch ``m = (t - s) mod M`` through its group ``r = (t - s) // M`` when
 ticks. A tick is one `jax.vmap` over the stages (each on its rows of the variables), the
 ticks one `lift.loops.run_scan` (so ``remat`` applies per tick), and the activations move
 one stage per tick by a roll of the stage axis, which the SPMD partitioner turns into a
-collective permute when that axis is sharded.
+collective permute when that axis is sharded. Variables the layers write ride in the tick
+carry (`pipeline_variables`); array arguments are read per microbatch (`pipeline_args`).
 """
 from __future__ import annotations
 
