@@ -285,7 +285,8 @@ def infer_axis_size(transform: str, size_argument: str, leaves: Sequence[MappedL
     return next(iter(by_size))
   if not by_size:
     raise errors.AxisSizeError(_NO_SIZE.format(transform=transform, size_argument=size_argument))
-  raise errors.AxisSizeError(_SIZES_DISAGREE.format(
+  params = any(leaf.label.startswith('variable params/') for leaf in leaves)
+  raise (errors.ParamAxisSizeError if params else errors.AxisSizeError)(_SIZES_DISAGREE.format(
       transform=transform, size_argument=size_argument, detail=_sizes_detail(by_size),
       given='' if given is None else f' ({size_argument}={given} was given)'))
 

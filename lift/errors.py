@@ -336,6 +336,12 @@ class AxisSizeError(LiftError, ValueError):
   """
 
 
+class ParamAxisSizeError(AxisSizeError, flax_errors.ScopeParamShapeError):
+  """The sizes disagree, and a parameter is among them: its mapped axis does not have the
+  size of the rest (e.g. the params of a module passed into ``scan``, which are not
+  stacked). Also a `flax.errors.ScopeParamShapeError`, as Flax raises for this."""
+
+
 class PartitionNameError(LiftError, flax_errors.PartitioningUnspecifiedError):
   """A transform adds an axis to a `Partitioned` variable, but its ``metadata_params`` give
   no name for the axis."""

@@ -97,7 +97,8 @@ class BlockSeq(LayerStack):
   def __post_init__(self):
     self._check_layers()
     check_remat(self.remat, self.num_layers)
-    object.__setattr__(self, 'block_kwargs', frozen_mapping('BlockSeq', 'block_kwargs', self.block_kwargs))
+    object.__setattr__(self, 'block_kwargs',
+                       frozen_mapping('BlockSeq', 'block_kwargs', self.block_kwargs))
     super().__post_init__()
 
   def _check_layers(self):

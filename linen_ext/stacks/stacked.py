@@ -35,7 +35,8 @@ from linen_ext.transforms.lifting import is_module_class
 from linen_ext.module.core import Module
 from linen_ext.describe import one_line
 from linen_ext.stacks.pipeline_run import run_pipeline
-from linen_ext.stacks.layout import (LayerArgs, check_rows, layer_name, split_layer_args, stacked_to_layers)
+from linen_ext.stacks.layout import (LayerArgs, check_rows, layer_name, split_layer_args,
+                                    stacked_to_layers)
 
 _BAD_BLOCK = (
     '{stack}: block {value} is not a Module class. Fix: pass the class '
@@ -216,7 +217,8 @@ class Stacked(LayerStack):
     check_remat(self.remat, check_length('Stacked', self.length))
     object.__setattr__(self, 'metadata_params',
                        frozen_mapping('Stacked', 'metadata_params', self.metadata_params))
-    object.__setattr__(self, 'block_kwargs', frozen_mapping('Stacked', 'block_kwargs', self.block_kwargs))
+    object.__setattr__(self, 'block_kwargs',
+                       frozen_mapping('Stacked', 'block_kwargs', self.block_kwargs))
     super().__post_init__()
 
   def vmap(self, x: Any, *args, **kwargs) -> Any:

@@ -225,12 +225,11 @@ BODIES = [
         split_rngs={'params': False}), lift_errors.LoopInvariantError, ValueError,
          'broadcast variable params/w'),
     both('nn.scan scanning the params of a module passed as an argument',
-         _scan_of_a_passed_module, lift_errors.AxisSizeError, flax_errors.ScopeParamShapeError,
-         'axis 0 of variable params/bias (4,)',
-         xfail="Flax raises ScopeParamShapeError for the passed module's params, which are "
-               'not stacked; our AxisSizeError (a ValueError) is not one'),
-    both('nn.vmap input and params of different sizes', _vmap_sizes, lift_errors.AxisSizeError,
-         ValueError, "size 4: axis 0 of argument 'inputs'", 'size 3: axis 0 of variable params/bias'),
+         _scan_of_a_passed_module, lift_errors.ParamAxisSizeError,
+         flax_errors.ScopeParamShapeError, 'axis 0 of variable params/bias (4,)'),
+    both('nn.vmap input and params of different sizes', _vmap_sizes,
+         lift_errors.ParamAxisSizeError, ValueError, "size 4: axis 0 of argument 'inputs'",
+         'size 3: axis 0 of variable params/bias'),
     both('nn.vmap of a ready-made layer without a params stream', lambda nn: compact(
         nn, lambda m, nn, xs: nn.vmap(nn.Dense, variable_axes={'params': 0}, split_rngs={})(3)(
             xs)).init(KEY, XS), lift_errors.UnknownRngError, flax_errors.InvalidRngError,

@@ -52,7 +52,7 @@ VMAP = [
          "size 3: axis 0 of argument 'x' (3, 2)", "size 4: axis 0 of argument 'y' (4, 2)",
          'axis_size=N'),
     case('vmap variables and arguments of different sizes', lambda: lift.apply(lift.vmap(
-        _dense2, **ENSEMBLE))(STACKED, jnp.ones((4, 5))), errors.AxisSizeError,
+        _dense2, **ENSEMBLE))(STACKED, jnp.ones((4, 5))), errors.ParamAxisSizeError,
          'size 3: axis 0 of variable params/'),
     case('vmap axis_size disagreeing with the arguments', _init(lift.vmap(
         _dense2, axis_size=4, **ENSEMBLE), XS), errors.AxisSizeError, 'axis_size=4 was given'),
@@ -128,7 +128,7 @@ SCAN = [
          "size 5: axis 0 of argument 'x' (5, 2)", "size 4: axis 0 of argument 'y' (4, 2)",
          'length=N'),
     case('scan variables and inputs of different lengths', lambda: lift.apply(lift.scan(
-        layer, **LAYERS))(PARAMS5, C0, STEPS[:4]), errors.AxisSizeError,
+        layer, **LAYERS))(PARAMS5, C0, STEPS[:4]), errors.ParamAxisSizeError,
          'size 5: axis 0 of variable params/dense/'),
     case('scan length disagreeing with the inputs', _init(lift.scan(
         layer, length=4, **LAYERS), C0, STEPS), errors.AxisSizeError, 'length=4 was given'),

@@ -7,8 +7,8 @@ of the pipeline with its stage axis sharded over 'stage' equal `fold`'s on one d
 compiled program moves activations with collective-permutes to the next stage and gathers
 nothing (no stage's variables); each device holds the rows of its stage only (compiled
 shardings), of a variable the pipeline carries too; sown values come back per layer and
-microbatch, equal to fold's on the whole batch. With ``LIFT_SLOW_CHECKS=1`` (not in CI: it compiles two Transformer training
-steps) also: examples/train_lm.py with ``--mesh stage=4,data=2 --pipeline-stages 4
+microbatch, equal to fold's on the whole batch. With ``LIFT_SLOW_CHECKS=1`` (not in CI: it
+compiles two Transformer training steps) also: examples/train_lm.py with ``--mesh stage=4,data=2 --pipeline-stages 4
 --microbatches 8`` trains with the losses of its unpipelined run on one device, its
 blocks' rows on their stage's devices.
 """

@@ -1,12 +1,12 @@
 """`Stacked.pipeline`'s mutable collections, against `fold` called on the microbatches in
 turn: a variable the stack holds (batch statistics, a counter) is carried through each
-layer's microbatches; one the block creates (``sow``) comes back per layer and microbatch."""
+layer's microbatches; one the block creates (``sow``) comes back per layer and microbatch.
+(A sown collection passed back in is a misuse case: tests/misuse/pipeline_cases.py.)"""
 import jax
 import jax.numpy as jnp
 import pytest
 
 import linen_ext as nn
-from linen_ext import errors
 from linen_ext.stacks import pipeline as pipe
 from tests.helpers import assert_trees_close
 
@@ -25,7 +25,8 @@ class Block(nn.Module):
     calls.value += 1
     self.sow('intermediates', 'h', h)
     self.sow('intermediates', 'h_sum', jnp.sum(h))
-    return x + nn.BatchNorm(use_running_average=False, momentum=0.5)(h * calls.value.astype(h.dtype))
+    scaled = h * calls.value.astype(h.dtype)
+    return x + nn.BatchNorm(use_running_average=False, momentum=0.5)(scaled)
 
 
 def _held(variables):
@@ -82,13 +83,3 @@ def test_written_collections_equal_fold_on_each_microbatch_in_turn(schedule, rem
   # created per layer and microbatch: [layers, microbatches, ...]
   assert written['intermediates']['h'][0].shape == (LAYERS, MICROBATCHES, 4, 3)
   assert_trees_close(to_stacked(written['intermediates']), sown, depth=LAYERS)
-
-
-def test_sown_collection_passed_back_in_is_an_error():
-  stack = nn.Stacked(Block, LAYERS)
-  variables = stack.init(jax.random.key(0), X)
-  _, sown = stack.apply(variables, X, mutable=['counter', 'batch_stats', 'intermediates'])
-  with pytest.raises(errors.PipelineVariablesError,
-                     match='variable "h" of collection "intermediates"'):
-    stack.apply({**variables, 'intermediates': sown['intermediates']}, X, stages=2, microbatches=2, method='pipeline',
-                mutable=WRITTEN)
