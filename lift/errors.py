@@ -328,6 +328,11 @@ class ScanTapsError(LiftError, ValueError):
   """A `lift.loops.scan_taps` sequence, output or `fn` result breaks the taps rules."""
 
 
+class StackRowsError(LiftError, TypeError, ValueError):
+  """`lift.loops.stack_rows` got no trees or rows of different shapes or dtypes, or
+  `unstack_rows` got leaves without one shared leading axis."""
+
+
 class AxisSizeError(LiftError, ValueError):
   """A lifted vmap or scan cannot tell the size of its mapped axis.
 

@@ -339,6 +339,18 @@ class NotAMethodError(ModuleError, AttributeError):
         f'has no method "{name}". Fix: list only methods defined on the class.')
 
 
+class NativeLayerError(ModuleError, TypeError):
+  """A `NativeLayer` names a flax class whose code builds flax layers that have no native
+  counterpart yet."""
+
+  def __init__(self, owner: str, missing: list[str]):
+    super().__init__(
+        f'{owner}: the flax code builds {missing}, which have no native layer yet, so the '
+        'copied code cannot build native submodules. Fix: define a NativeLayer for each '
+        'of them first (class X(nn.NativeLayer): flax_class = flax.linen.X), or wrap the '
+        'flax module with nn.from_flax instead.')
+
+
 class FlaxAdapterError(ModuleError, TypeError):
   """`from_flax` was given something that is not a `flax.linen.Module` instance."""
 

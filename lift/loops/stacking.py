@@ -32,6 +32,7 @@ import numpy as np
 from jax import lax
 
 from lift import _compat
+from lift.errors import StackRowsError
 
 stack_rows_p = _compat.Primitive('stack_rows')
 unstack_rows_p = _compat.Primitive('unstack_rows')
@@ -88,9 +89,10 @@ def _check_rows(rows):
   first = rows[0]
   for i, row in enumerate(rows):
     if (row.shape, row.dtype) != (first.shape, first.dtype):
-      raise TypeError(f'stack_rows: row {i} is {row.dtype}{list(row.shape)} but row 0 is '
-                      f'{first.dtype}{list(first.shape)}; every row needs the same shape '
-                      'and dtype.')
+      raise StackRowsError(
+          f'stack_rows: row {i} is {row.dtype}{list(row.shape)} but row 0 is '
+          f'{first.dtype}{list(first.shape)}. Fix: give every row of a leaf the same shape '
+          'and dtype (cast or pad the rows first).')
 
 
 def _stack_abstract_eval(*rows, rows_per_leaf):
@@ -171,7 +173,8 @@ def stack_rows(trees: Sequence[Any]) -> Any:
     (2, 3)
   """
   if not trees:
-    raise ValueError('stack_rows: no trees to stack; pass at least one.')
+    raise StackRowsError('stack_rows: no trees to stack. Fix: pass a list of at least one '
+                         'tree, e.g. stack_rows([row0, row1]).')
   columns = [tuple(map(jnp.asarray, rows)) for rows in zip(*map(jax.tree.leaves, trees))]
   treedef = jax.tree.structure(jax.tree.map(lambda *_: 0, *trees))
   for rows in columns:
@@ -198,8 +201,10 @@ def unstack_rows(tree: Any) -> list[Any]:
     return []
   lengths = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in leaves}
   if len(lengths) != 1 or None in lengths:
-    raise ValueError(f'unstack_rows: the leaves need one shared leading axis; their '
-                     f'shapes are {[np.shape(leaf) for leaf in leaves]}.')
+    raise StackRowsError(
+        f'unstack_rows: the leaves have no one shared leading axis; their shapes are '
+        f'{[np.shape(leaf) for leaf in leaves]}. Fix: pass a tree whose every leaf has the '
+        'same size along axis 0 (the rows).')
   n = lengths.pop()
   assert n is not None  # checked above
   leaves = [jnp.asarray(leaf) for leaf in leaves]

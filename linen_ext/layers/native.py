@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import flax.linen as flax_nn
 
+from linen_ext import errors
 from linen_ext.module.core import Module
 from linen_ext.module.method_wrapping import nowrap
 
@@ -73,8 +74,7 @@ def _relinked(fn: Callable, owner: str) -> Callable:
   names = set(_flax_classes_named(fn.__code__, fn.__globals__))
   missing = sorted(n for n in names if fn.__globals__[n] not in NATIVE_COUNTERPARTS)
   if missing:
-    raise TypeError(f'{owner}: Flax code builds {missing}, which have no native layer yet; '
-                    'define those first.')
+    raise errors.NativeLayerError(owner, missing)
   namespace = fn.__globals__
   if names:
     namespace = {**namespace, **{n: NATIVE_COUNTERPARTS[namespace[n]] for n in names}}
@@ -116,9 +116,9 @@ class NativeLayer(Module):
     flax_class = cls.__dict__.get('flax_class')
     if flax_class is not None:
       copy_flax_fields(cls, flax_class)
-      owner = f'{cls.__module__}.{cls.__qualname__}'
       for name, value in _layer_code(flax_class):
         if name not in cls.__dict__:
+          owner = f'{cls.__qualname__}.{name} (the code of {flax_class.__qualname__}.{name})'
           native = value if isinstance(value, property) else native_function(value, owner)
           setattr(cls, name, native)
       NATIVE_COUNTERPARTS.setdefault(flax_class, cls)

@@ -55,6 +55,23 @@ def _spectral_norm_of_a_conv():
       x, update_stats=False)).init(KEY, X[..., None])
 
 
+
+class FlaxScale(flax_nn.Module):
+  @flax_nn.compact
+  def __call__(self, x):
+    return x * self.param('s', flax_nn.initializers.ones, ())
+
+
+class FlaxTwice(flax_nn.Module):
+  @flax_nn.compact
+  def __call__(self, x):
+    return FlaxScale()(FlaxScale()(x))
+
+
+def _native_layer_of_an_unported_composite():
+  class Twice(nn.NativeLayer):  # noqa: F841 (defining it is the mistake)
+    flax_class = FlaxTwice
+
 CASES = [
     case("flax.linen.partitioning.param_with_axes in a module without module=",
          _flax_param_with_axes_without_module, errors.FlaxPartitioningError,
@@ -66,6 +83,9 @@ CASES = [
          errors.UnboundModuleError, 'Calling "up"', '`Scoped`'),
     case('two adopted modules keeping one name', lambda: Pair(
         Leaf(name='leaf'), Leaf(name='leaf')).init(KEY, X), errors.NameInUseError, '"leaf"'),
+    case('a native layer of flax code building an unported flax layer',
+         _native_layer_of_an_unported_composite, errors.NativeLayerError, 'FlaxTwice',
+         "['FlaxScale']", 'nn.from_flax'),
     case('from_flax of a flax.linen class', lambda: nn.from_flax(flax_nn.Dense),
          errors.FlaxAdapterError, 'got type', 'not the class'),
     case('from_flax of one of our modules', lambda: nn.from_flax(nn.Dense(3)),

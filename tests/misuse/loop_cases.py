@@ -85,6 +85,12 @@ LOOPS = [
     case('scan_taps with neither n_steps nor sequences', lambda: loops.scan_taps(
         lambda h: h, outputs_info=jnp.float32(0.0)), errors.ScanTapsError, 'n_steps=None',
          'no sequences', 'Fix: pass n_steps'),
+    case('stack_rows of rows of different shapes', lambda: loops.stack_rows(
+        [jnp.zeros(3), jnp.zeros(2)]), errors.StackRowsError, 'row 1 is float32[2]',
+         'row 0 is float32[3]', 'same shape'),
+    case('unstack_rows of leaves without a shared leading axis', lambda: loops.unstack_rows(
+        {'a': jnp.zeros((2, 3)), 'b': jnp.zeros(3)}), errors.StackRowsError, '(2, 3)', '(3,)',
+         'axis 0'),
     case('scan_taps fn returning more outputs than outputs_info', lambda: loops.scan_taps(
         lambda h: (h, h), n_steps=2, outputs_info=[jnp.float32(0.0)]), errors.ScanTapsError,
          'fn returned 2 outputs but outputs_info has 1'),
