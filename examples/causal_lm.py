@@ -108,10 +108,12 @@ def generate(model, params, prompt):
 def generate_by_recomputing(model, params, prompt):
   """The reference: run the full training-mode model on the whole prefix for every token."""
   tokens = jnp.zeros((prompt.shape[0], LENGTH), jnp.int32).at[:, :PROMPT].set(prompt)
-  for t in range(PROMPT, LENGTH):
-    logits = model.apply({'params': params}, tokens)
-    tokens = tokens.at[:, t].set(jnp.argmax(logits[:, t - 1], axis=-1))
-  return tokens
+
+  def next_token(t, tokens):
+    logits = jax.lax.dynamic_index_in_dim(model.apply({'params': params}, tokens), t - 1,
+                                          axis=1, keepdims=False)
+    return tokens.at[:, t].set(jnp.argmax(logits, axis=-1))
+  return jax.lax.fori_loop(PROMPT, LENGTH, next_token, tokens)
 
 
 def main(steps=300):

@@ -225,12 +225,21 @@ def check_split(stacked, axis, split, n):
 
 # A property compiles one small program per example, and XLA's CPU backend spends most of
 # that compile optimising machine code that then runs for microseconds.
-_CHEAP_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True}
+# The same goes for the heavier checks that compile a program, run it once and compare it
+# within a tolerance. Not for bitwise comparisons of two programs (ours and Flax's): without
+# LLVM's optimisation, their results may differ in the last bit.
+CHEAP_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True}
+
+
+def cheap_jit(fn, **jit_kwargs):
+  """``jax.jit(fn, **jit_kwargs)`` optimised little: for a program that runs once or twice
+  and is compared within a tolerance."""
+  return jax.jit(fn, compiler_options=CHEAP_COMPILE, **jit_kwargs)
 
 
 def run_compiled(fn, *args):
   """``fn(*args)`` as one compiled program, optimised little (it runs once)."""
-  return jax.jit(fn, compiler_options=_CHEAP_COMPILE)(*args)
+  return cheap_jit(fn)(*args)
 
 
 def key_uniform(key, shape=(), dtype=jnp.float32):

@@ -14,7 +14,7 @@ import lift
 from lift import loops
 from lift.loops import ScanCheckpointPolicy, policies
 
-from tests.helpers import assert_trees_close
+from tests.helpers import assert_trees_close, cheap_jit
 
 POLICIES = [
     True, "full", "nested", "save_all", "offload",
@@ -204,7 +204,7 @@ def test_nested_is_lax_scan_of_jax_checkpoint_for_every_block_count(steps):
   init, xs = inputs(steps)
   checkpointed = lambda f, c, x, remat, reverse, unroll: lax.scan(jax.checkpoint(f), c, x,
                                                                     reverse=reverse)
-  grad = jax.jit(jax.value_and_grad(loss, (0, 1)), static_argnums=(2, 3, 4, 5))
+  grad = cheap_jit(jax.value_and_grad(loss, (0, 1)), static_argnums=(2, 3, 4, 5))
   for reverse in (False, True):
     want = grad(init, xs, False, reverse, 1, checkpointed)
     for blocks in [True] + sorted({1, 2, 3, steps // 2 + 1, steps} & set(range(1, steps + 1))):

@@ -10,7 +10,7 @@ import pytest
 
 import linen_ext as nn
 from linen_ext.stacks import pipeline as pipe
-from tests.helpers import assert_trees_close, assert_trees_equal
+from tests.helpers import assert_trees_close, assert_trees_equal, cheap_jit
 
 LAYERS = 4
 
@@ -36,7 +36,7 @@ def fold_loss_and_grads():
 
 
 def loss_and_grads(stack, variables, **pipeline):
-  @jax.jit
+  @cheap_jit
   def run(variables):
     def loss(variables):
       if pipeline:
@@ -122,6 +122,6 @@ def test_arguments_are_fold_s_per_example_rows_and_per_layer_rows(schedule):
     method = 'pipeline' if pipeline else None
     y = stack.apply(variables, X, mask, scale, negate=True, method=method, **pipeline)
     return jnp.sum(y ** 2)
-  got = jax.jit(jax.value_and_grad(lambda v: loss(v, **options)))(stored)
-  expected = jax.jit(jax.value_and_grad(loss))(variables)
+  got = cheap_jit(jax.value_and_grad(lambda v: loss(v, **options)))(stored)
+  expected = cheap_jit(jax.value_and_grad(loss))(variables)
   assert_trees_close((got[0], to_stacked(got[1])), expected, depth=LAYERS)

@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 import linen_ext as nn
-from tests.helpers import assert_trees_close, run_in_child
+from tests.helpers import assert_trees_close, cheap_jit, run_in_child
 
 MARK = 'PIPELINE_ON_8_DEVICES_OK'
 STAGES, LAYERS, FEATURES = 4, 8, 6
@@ -85,9 +85,9 @@ def _check_schedule(mesh, stack, boxed, schedule, **options):
   specs = nn.get_partition_spec(boxed)['params']
   shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs)
   by_stage = NamedSharding(mesh, jax.sharding.PartitionSpec('stage'))
-  fn = jax.jit(_loss_and_grads(stack, stages=STAGES, microbatches=4, schedule=schedule,
-                               mesh_axis='stage', **options),
-               in_shardings=(shardings, by_stage), out_shardings=((None, None), shardings))
+  fn = cheap_jit(_loss_and_grads(stack, stages=STAGES, microbatches=4, schedule=schedule,
+                                mesh_axis='stage', **options),
+                 in_shardings=(shardings, by_stage), out_shardings=((None, None), shardings))
   with jax.set_mesh(mesh):
     compiled = fn.lower(params, counter).compile()
     (loss, written), grads = compiled(jax.device_put(params, shardings),
@@ -162,7 +162,7 @@ def run_check():
   mesh = jax.make_mesh((STAGES, 2), ('stage', 'data'), axis_types=(auto, auto))
   stack = nn.Stacked(Block, LAYERS, metadata_params={nn.PARTITION_NAME: 'stage'})
   boxed = stack.init(jax.random.key(0), X, MASK)
-  (loss, written), grads = jax.jit(_loss_and_grads(stack))(nn.unbox(boxed)['params'],
+  (loss, written), grads = cheap_jit(_loss_and_grads(stack))(nn.unbox(boxed)['params'],
                                                            boxed['counter'])
   for schedule, options, remat in (('gpipe', {}, False), ('circular', {'repeats': 2}, 'nested')):
     piped = nn.Stacked(Block, LAYERS, remat=remat, metadata_params={nn.PARTITION_NAME: 'stage'})

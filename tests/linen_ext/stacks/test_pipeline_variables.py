@@ -8,7 +8,7 @@ import pytest
 
 import linen_ext as nn
 from linen_ext.stacks import pipeline as pipe
-from tests.helpers import assert_trees_close
+from tests.helpers import assert_trees_close, cheap_jit
 
 LAYERS, MICROBATCHES = 4, 4
 X = jax.random.normal(jax.random.key(1), (16, 3))
@@ -53,7 +53,7 @@ def _loss_grads_and_writes(run, variables):
   def loss(params):
     y, written = run({**variables, 'params': params})
     return jnp.sum(y ** 2), (y, written)
-  (_, (y, written)), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(
+  (_, (y, written)), grads = cheap_jit(jax.value_and_grad(loss, has_aux=True))(
       variables['params'])
   return y, written, grads
 

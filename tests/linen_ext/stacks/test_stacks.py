@@ -24,7 +24,7 @@ import linen_ext as nn
 from lift import loops
 from lift.errors import ImmutableCollectionError
 
-from tests.helpers import assert_trees_close, assert_trees_equal
+from tests.helpers import assert_trees_close, assert_trees_equal, cheap_jit, run_compiled
 
 pytestmark = pytest.mark.filterwarnings('ignore::lift.loops.OffloadFallbackWarning')
 
@@ -178,7 +178,7 @@ def value_and_grad(model, variables, *args, **kwargs):
   def loss(params):
     y = model.apply({**variables, 'params': params}, X, *args, **kwargs)
     return jnp.sum(y ** 2), y
-  (_, y), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(variables['params'])
+  (_, y), grads = cheap_jit(jax.value_and_grad(loss, has_aux=True))(variables['params'])
   return y, grads
 
 
@@ -187,7 +187,7 @@ def grad_with_state(fn, variables):
   def loss(p):
     y, state = fn({**variables, 'params': p})
     return jnp.sum(y ** 2), (y, state)
-  return jax.jit(jax.grad(loss, has_aux=True))(variables['params'])
+  return run_compiled(jax.grad(loss, has_aux=True), variables['params'])
 
 
 def test_signatures():
@@ -319,7 +319,7 @@ def test_stacked_scan_mode_with_state_and_dropout_as_flax_scan():
     def loss(p):
       (c, ys), state = fn({**variables, 'params': p})
       return jnp.sum(c ** 2) + jnp.sum(jnp.sin(ys['s'])), ((c, ys), state)
-    return jax.jit(jax.grad(loss, has_aux=True))(variables['params'])
+    return run_compiled(jax.grad(loss, has_aux=True), variables['params'])
 
   expected = run(lambda v: theirs.apply(v, X, True, rngs=DROP, mutable=['batch_stats']))
   ours = nn.Stacked(make(nn), 5)
@@ -501,7 +501,7 @@ def test_policies_keep_hessians_vmapped_input_gradients_and_grads_under_nn_vmap_
   def run(policy):
     f = lambda w: jnp.sum(nn.Stacked(block, 3, remat=policy).apply({'params': {'w': w}}, X) ** 2)
     g = lambda x: jnp.sum(nn.Stacked(block, 3, remat=policy).apply(variables, x) ** 2)
-    h = jax.jit(jax.value_and_grad(lambda p: jnp.sum(
+    h = cheap_jit(jax.value_and_grad(lambda p: jnp.sum(
         nn.remat(vmapped)(policy=policy).apply({'params': p}, xs) ** 2)))(ens['params'])
     return jax.hessian(f)(variables['params']['w']), jax.vmap(jax.grad(g))(xs), h
 
@@ -587,7 +587,7 @@ def test_stacked_model_under_nn_vmap_nn_remat_and_jax_transforms_as_flax():
       model.apply({'params': p}, X, rngs=DROP) ** 2))(variables['params'])
   assert_trees_close(grad(nn.remat(_OurModel)()), grad(_FlaxModel()), depth=8)
   xs = jnp.stack([X, -X, 2 * X])
-  per_example = lambda model: jax.jit(jax.vmap(jax.grad(lambda p, x: jnp.sum(
+  per_example = lambda model: cheap_jit(jax.vmap(jax.grad(lambda p, x: jnp.sum(
       model.apply({'params': p}, x, rngs=DROP) ** 2)), in_axes=(None, 0)))(
           variables['params'], xs)
   assert_trees_close(per_example(_OurModel()), per_example(_FlaxModel()), depth=8)

@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import linen_ext as nn
-from tests.helpers import assert_trees_close, run_in_child
+from tests.helpers import assert_trees_close, cheap_jit, run_in_child
 
 MARK = 'STACKS_ON_8_DEVICES_OK'
 DEPTH = 4
@@ -82,13 +82,14 @@ def run_check():
     sharded = jax.jit(lambda key: nn.unbox(model.init(key, X)), out_shardings=shardings)(
         jax.random.key(0))
     step = _train_step(model)
-    sharded_step = jax.jit(step, in_shardings=(shardings, batch), out_shardings=(None, shardings))
+    sharded_step = cheap_jit(step, in_shardings=(shardings, batch),
+                             out_shardings=(None, shardings))
     loss, updated = sharded_step(sharded, X)
     if 'layers on data' not in name:  # a kernel is never gathered whole: (layers,) 16 x 32
       hlo = sharded_step.lower(sharded, X).compile().as_text()
       gathered = re.findall(r'f32\[(?:\d+,)?(?:16,32|32,16)\]\S* all-gather\(', hlo)
       assert not gathered, (name, gathered)
-    expected_loss, expected = jax.jit(step)(variables, X)
+    expected_loss, expected = cheap_jit(step)(variables, X)
     assert_trees_close((loss, updated), (expected_loss, expected), depth=3)  # sharded vs not
     kernels = [(path, leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(updated)
                if 'kernel' in jax.tree_util.keystr(path)]
