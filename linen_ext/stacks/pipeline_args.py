@@ -43,8 +43,9 @@ class PipelineArgs:
     return LayerArgs(args, kwargs, ()).for_layer(rows)
 
 
-def split(args: tuple, kwargs: dict) -> tuple[PipelineArgs, tuple, tuple]:
-  """``(PipelineArgs, per-example arrays, per_layer values)`` of a pipeline call."""
+def split(args: tuple, kwargs: dict) -> tuple[PipelineArgs, tuple, LayerArgs]:
+  """``(PipelineArgs, per-example arrays, LayerArgs)`` of a pipeline call (the last holds
+  the `per_layer` values as ``.rows``)."""
   layer_args = split_layer_args(args, kwargs)
   flat, treedef = jax.tree_util.tree_flatten_with_path(
       (layer_args.args, layer_args.kwargs), is_leaf=is_row_slot)
@@ -52,7 +53,7 @@ def split(args: tuple, kwargs: dict) -> tuple[PipelineArgs, tuple, tuple]:
   template = tuple(None if i in slots else leaf for i, (_, leaf) in enumerate(flat))
   names = tuple(_name(flat[i][0]) for i in slots)
   per_example = tuple(flat[i][1] for i in slots)
-  return PipelineArgs(treedef, template, slots, names), per_example, layer_args.rows
+  return PipelineArgs(treedef, template, slots, names), per_example, layer_args
 
 
 __all__ = ['PipelineArgs', 'split']

@@ -13,7 +13,7 @@ from lift import errors as lift_errors
 from linen_ext import errors
 from linen_ext.stacks import pipeline_args
 from linen_ext.stacks import pipeline_checks as checks
-from linen_ext.stacks.layout import check_rows, split_layer_args
+from linen_ext.stacks.layout import check_rows
 from linen_ext.stacks.pipeline import (PipelinePlan, circular_order, lifted_pipeline,
                                        take_rows)
 
@@ -35,10 +35,10 @@ def run_pipeline(stack: Any, x: Any, args: tuple, kwargs: dict, *, stages: int,
                  microbatches: int, schedule: str, repeats: int, mesh_axis: str | None) -> Any:
   """``stack.fold(x, *args, **kwargs)`` run as a pipeline; see `Stacked.pipeline`."""
   checks.check_stages(stack.length, stages, schedule, repeats)
-  call, per_example, rows = pipeline_args.split(args, kwargs)
+  call, per_example, layer_args = pipeline_args.split(args, kwargs)
   checks.check_microbatches({'x': x, **dict(zip(call.names, per_example))}, microbatches,
                             stages, schedule)
-  check_rows(split_layer_args(args, kwargs), stack.length, 'Stacked.pipeline')
+  check_rows(layer_args, stack.length, 'Stacked.pipeline')
   checks.check_mesh_axis(mesh_axis, stages)
   plan = PipelinePlan(stack.length, stages, microbatches, schedule, repeats, mesh_axis,
                       stack.remat)
@@ -53,4 +53,4 @@ def run_pipeline(stack: Any, x: Any, args: tuple, kwargs: dict, *, stages: int,
       detail = str(error).split(' Fix:')[0]
       raise errors.PipelineCarryError(checks.CARRY_UNDER_INIT.format(error=detail)) from None
   run = lifted_pipeline(plan, stack._factory(), stack.metadata_params, call)
-  return run(stack._bound_scope('Calling Stacked.pipeline'), x, per_example, rows)
+  return run(stack._bound_scope('Calling Stacked.pipeline'), x, per_example, layer_args.rows)
