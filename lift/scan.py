@@ -445,7 +445,9 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
     out_axes: axis of each ``ys`` leaf; ``lift.broadcast`` (or None) returns
       an output computed once (it must not depend on the loop).
     length: number of steps; inferred from the scanned inputs and variables.
-    reverse, unroll, _split_transpose: as ``lax.scan``'s.
+    reverse: as ``lax.scan``'s: the steps run from the last to the first.
+    unroll: as ``lax.scan``'s: steps per loop iteration.
+    _split_transpose: as ``lax.scan``'s (an experimental backward-pass layout).
     data_transform: ``(variable_groups, rng_groups) -> (variable_groups,
       rng_groups)`` applied inside each step before the scope is rebuilt.
     metadata_params: passed to the ``AxisMetadata`` boxes of scanned collections.

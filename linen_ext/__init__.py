@@ -11,7 +11,6 @@
 # functions, boxes, a container, a reshaping wrapper of any callable).
 from flax.core import FrozenDict
 from flax.linen import BatchApply
-from flax.linen import initializers
 from flax.linen import (PARTITION_NAME, LogicallyPartitioned, Partitioned,
                         get_logical_axis_rules, get_partition_spec, get_sharding,
                         logical_axis_rules, logical_to_mesh, logical_to_mesh_axes,
@@ -26,7 +25,7 @@ from flax.linen import (avg_pool, combine_masks, dot_product_attention,
                         dot_product_attention_weights, make_attention_mask,
                         make_causal_mask, max_pool, merge_param, ones, ones_init,
                         pool, zeros, zeros_init)
-from flax.linen import activation, dtypes, fp8_ops, kw_only_dataclasses, meta, pooling, spmd
+from flax.linen import meta
 
 from lift import tracing as _tracing
 from lift.causal import causal_self_attention
@@ -34,9 +33,9 @@ from lift.filters import DenyList
 from lift.axes import broadcast
 from lift.scope import Scope, Variable
 
-from linen_ext import (attention, batch_apply, combinators, errors, linear, module,
-                       normalization, partitioning, recurrent, sharding, stochastic,
-                       transforms)
+from linen_ext import (activation, attention, batch_apply, combinators, dtypes, errors, fp8_ops,
+                       initializers, kw_only_dataclasses, linear, module, normalization,
+                       partitioning, pooling, recurrent, sharding, spmd, stochastic, transforms)
 from linen_ext.layers import (RNN, BatchNorm, Bidirectional, Conv, ConvLocal, ConvLSTMCell,
                               ConvTranspose, Dense, DenseGeneral, Dropout, Einsum, Embed,
                               FlaxLayer, FlaxModule, Fp8DirectDotGeneralOp, Fp8DotGeneral,
@@ -49,7 +48,8 @@ from linen_ext.layers import (RNN, BatchNorm, Bidirectional, Conv, ConvLocal, Co
 from linen_ext.module import (InterceptorContext, Module, apply, compact, compact_name_scope,
                               init, init_with_output, intercept_methods, nowrap, share_scope)
 from linen_ext.module.init_apply import capture_call_intermediates
-from linen_ext.module.named_call import disable_named_call, enable_named_call, override_named_call
+from linen_ext.module.named_call import (disable_named_call, enable_named_call, named_call,
+                                        override_named_call)
 from linen_ext.module.variables import tuple_init, tuple_reduce
 from linen_ext.sharding import init_sharded, variable_shardings
 from linen_ext.stacks import (BlockSeq, Stacked, circular_to_stacked, layers_to_stacked,

@@ -3,9 +3,11 @@
 >>> nn.recurrent.LSTMCell is nn.LSTMCell
 True
 """
-from linen_ext.layers.cells import (ConvLSTMCell, GRUCell, LSTMCell, MGUCell,
-                                         OptimizedLSTMCell, SimpleCell)
+from flax.linen.recurrent import RNNBase
+
+from linen_ext.layers.cells import (ConvLSTMCell, DenseParams, GRUCell, LSTMCell, MGUCell,
+                                    OptimizedLSTMCell, SimpleCell)
 from linen_ext.layers.recurrent import RNN, Bidirectional, RNNCellBase, flip_sequences
 
-__all__ = ['RNN', 'RNNCellBase', 'Bidirectional', 'flip_sequences', 'ConvLSTMCell', 'GRUCell',
-           'LSTMCell', 'MGUCell', 'OptimizedLSTMCell', 'SimpleCell']
+__all__ = ['RNN', 'RNNBase', 'RNNCellBase', 'Bidirectional', 'flip_sequences', 'ConvLSTMCell',
+           'DenseParams', 'GRUCell', 'LSTMCell', 'MGUCell', 'OptimizedLSTMCell', 'SimpleCell']

@@ -238,6 +238,20 @@ class MultiHeadAttention(NativeLayer):
   flax_class = flax_nn.MultiHeadAttention
 
 
+class Fp8DotGeneralBase(NativeLayer):
+  """`flax.linen.fp8_ops.Fp8DotGeneralBase`: the scales and amax histories of the fp8 layers.
+
+  A base for fp8 ``dot_general`` layers of your own; the ready-made ones are below.
+
+  Examples:
+    >>> base = Fp8DotGeneralBase(amax_history_length=4)
+    >>> variables = base.init(jax.random.key(0), method=lambda m: m.input_scale)
+    >>> variables['_overwrite_with_gradient']['input_amax_history'].shape
+    (4,)
+  """
+  flax_class = flax_nn.fp8_ops.Fp8DotGeneralBase
+
+
 class Fp8DotGeneralOp(NativeLayer):
   """`flax.linen.Fp8DotGeneralOp`: a ``dot_general`` through fp8 with scaled quantization.
 

@@ -12,7 +12,10 @@ from linen_ext.module.core import Module
 from linen_ext.module.init_apply import apply, init, init_with_output
 from linen_ext.module.interception import InterceptorContext, intercept_methods
 from linen_ext.module.method_wrapping import compact, compact_name_scope, nowrap
+from linen_ext.module.named_call import (disable_named_call, enable_named_call,
+                                        override_named_call)
 from linen_ext.module.share_scope import share_scope
 
 __all__ = ['Module', 'compact', 'compact_name_scope', 'nowrap', 'share_scope', 'apply', 'init',
-           'init_with_output', 'intercept_methods', 'InterceptorContext', 'merge_param']
+           'init_with_output', 'intercept_methods', 'InterceptorContext', 'merge_param',
+           'enable_named_call', 'disable_named_call', 'override_named_call']

@@ -8,6 +8,7 @@ Files: `lifting` (the mechanism: a Module's scopes into a `lift` transform and b
 """
 from lift.axes import broadcast
 
+from linen_ext.module.named_call import named_call
 from linen_ext.transforms.decoding import as_scan
 from linen_ext.transforms.method_transforms import (cond, custom_vjp, grad, jvp, switch,
                                                     value_and_grad, vjp, while_loop)
@@ -18,5 +19,5 @@ from linen_ext.transforms.module_transforms import (TransformSpec, add_metadata_
 
 __all__ = ['TransformSpec', 'add_metadata_axis', 'as_scan', 'broadcast', 'checkpoint', 'cond',
            'custom_vjp', 'fold_rngs', 'grad', 'jit', 'jvp', 'lift_transform', 'map_variables',
-           'remat', 'remat_scan', 'scan', 'shard_map', 'switch', 'value_and_grad', 'vjp', 'vmap',
+           'named_call', 'remat', 'remat_scan', 'scan', 'shard_map', 'switch', 'value_and_grad', 'vjp', 'vmap',
            'while_loop']

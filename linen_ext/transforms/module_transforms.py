@@ -157,8 +157,8 @@ def _class_prefix(name: str) -> str:
   return ''.join(part[:1].upper() + part[1:] for part in name.split('_'))
 
 
-def lift_transform(transform: Callable[..., Any], target: Target, *trafo_args,
-                   methods: Any = None, **trafo_kwargs) -> Target:
+def lift_transform(transform: Callable[..., Any], target: Target, *trafo_args: Any,
+                   methods: Any = None, **trafo_kwargs: Any) -> Target:
   """Applies a `lift`-level transform to a Module class or a method, as Flax's.
 
   ``transform(fn, *trafo_args, **trafo_kwargs)`` is the transform as written
