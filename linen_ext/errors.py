@@ -113,28 +113,16 @@ class SubmoduleOutsideSetupError(ModuleError, ValueError, flax_errors.AssignSubM
 
 
 class FlaxModuleCalledInlineError(ModuleError, flax_errors.CallCompactUnboundModuleError):
-  """A `flax.linen` module made inside a method of a Module was called unbound."""
+  """A `flax.linen` module that no module adopted was called in a method of a Module."""
 
   def __init__(self, cls_name: str, method: str):
     super().__init__(
-        "Can't call compact methods on unbound modules: a flax.linen module made inside "
-        f'`{cls_name}.{method}` is not bound to it (flax binds modules only inside flax '
-        'modules). Fix: wrap it, `nn.from_flax(flax.linen.Dense(3))(x)`, or use this '
-        "package's layer of that name (`nn.Dense(3)(x)`); a flax module assigned in "
-        '`setup` or passed as a field is wrapped for you.')
-
-
-class FlaxPartitioningError(ModuleError, AssertionError):
-  """`flax.linen.partitioning.param_with_axes` / `variable_with_axes` without ``module=``
-  inside a Module: flax finds the current module only among flax modules."""
-
-  def __init__(self, fn: str, cls_name: str, method: str):
-    super().__init__(
-        f'flax.linen.partitioning.{fn} was called in `{cls_name}.{method}` without '
-        '`module=`: it looks for the current module among flax.linen modules only, so it '
-        "finds none in this package's modules. Fix: use this package's drop-in, "
-        f'`from linen_ext import partitioning` (then `partitioning.{fn}(...)`, same '
-        f'arguments, same variables), or pass `module=self` to flax\'s {fn}.')
+        "Can't call compact methods on unbound modules: a flax.linen module called in "
+        f'`{cls_name}.{method}` is bound to no module. A flax module made in a method of '
+        'ours is adopted by that module, and one held by a field or assigned in `setup` '
+        'is wrapped; this one was made elsewhere (at import, in another function, or in '
+        '`setup` without being assigned). Fix: wrap it where it is used, '
+        '`nn.from_flax(flax_module)(x)`, make it inside the method, or pass it as a field.')
 
 
 class TimeAxisError(ModuleError, ValueError):
@@ -263,8 +251,8 @@ class MissingPerturbationError(ModuleError, ValueError):
 
 
 class TransformTargetError(ModuleError, TypeError, flax_errors.TransformTargetError):
-  """A lifted transform was given a Module instance, a class that is not a Module of this
-  package (a `flax.linen` class), or something else that is neither a class nor a function."""
+  """A lifted transform was given a Module instance (ours or `flax.linen`'s), a class that
+  is not a Module class, or something else that is neither a class nor a function."""
 
   def __init__(self, transform: str, target):
     is_class = isinstance(target, type)
@@ -272,9 +260,10 @@ class TransformTargetError(ModuleError, TypeError, flax_errors.TransformTargetEr
     what = (f'the class {kind.__module__}.{kind.__name__}' if is_class
             else f'{type(target).__name__} instance {one_line(target)}')
     flax_fix = ''
-    if kind.__module__.startswith('flax.'):  # ours transform this package's modules only
-      flax_fix = (' For a flax.linen layer, transform this package\'s layer of that name '
-                  '(`nn.Dense`, ...) or a module of yours that calls `nn.from_flax(layer)`.')
+    if kind.__module__.startswith('flax.'):  # a flax.linen instance: its class transforms
+      flax_fix = (' For a flax.linen module, transform its class, as with Flax '
+                  f'(`nn.{transform}(flax.linen.Dense, ...)(3)`), or call it in a module of '
+                  'yours (`nn.from_flax(layer)(x)`) and transform that.')
     super().__init__(
         f'`nn.{transform}` was given {what}; it transforms a Module class of this package '
         'or a method. Fix: transform the class '

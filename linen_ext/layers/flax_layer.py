@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, ClassVar
 
 import flax.linen as flax_nn
 
 from linen_ext.layers.flax_adapter import run_flax
-from linen_ext.layers.native import copy_flax_fields, detached_flax
+from linen_ext.layers.native import copy_flax_fields, detached_flax, flax_methods
 from linen_ext.module.core import Module
+from linen_ext.module.foreign import FOREIGN_CLASSES
 from linen_ext.module.method_wrapping import nowrap
 
 
@@ -60,3 +62,33 @@ class FlaxLayer(Module):
 
   def __call__(self, *args, **kwargs):
     return self._run('__call__', args, kwargs)
+
+
+@functools.cache
+def flax_layer_class(flax_class: type) -> type[FlaxLayer]:
+  """The `FlaxLayer` class of ``flax_class``: its name, fields and methods, run by flax.
+
+  What a lifted transform given a `flax.linen` class transforms (``nn.vmap(bridge.ToLinen,
+  ...)``, as in Flax): the result is named as Flax names it (``VmapToLinen``).
+
+  Examples:
+    >>> Layer = flax_layer_class(flax_nn.Embed)
+    >>> Layer.__name__, Layer(5, 3).to_flax()
+    ('Embed', Embed(...))
+  """
+  namespace: dict[str, Any] = {'flax_class': flax_class, '__module__': flax_class.__module__,
+                               '__qualname__': flax_class.__qualname__}
+  for name in flax_methods(flax_class):
+    if name != '__call__':
+      namespace[name] = _method_running(name)
+  return type(flax_class.__name__, (FlaxLayer,), namespace)
+
+
+def _method_running(name: str):
+  def method(self, *args, **kwargs):
+    return self._run(name, args, kwargs)
+  method.__name__ = name
+  return method
+
+
+FOREIGN_CLASSES[flax_nn.Module] = flax_layer_class

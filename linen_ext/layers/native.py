@@ -58,6 +58,17 @@ def _layer_code(flax_class: type) -> Iterator[tuple[str, Any]]:
         yield name, value
 
 
+def flax_methods(flax_class: type) -> list[str]:
+  """The names of the methods of ``flax_class``'s layer code (``__call__``, ``attend``, ...).
+
+  >>> flax_methods(flax_nn.Embed)
+  ['__call__', 'attend']
+  """
+  return [name for name, value in _layer_code(flax_class)
+          if not isinstance(value, property) and name != 'setup'
+          and (name == '__call__' or not name.startswith('_'))]
+
+
 def _flax_classes_named(code: types.CodeType, namespace: dict) -> Iterator[str]:
   """Global names in ``code`` (nested functions included) that denote a flax Module class."""
   for name in code.co_names:

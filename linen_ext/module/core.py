@@ -40,8 +40,9 @@ from linen_ext import errors
 
 from linen_ext.module import named_call
 from linen_ext.module.state import UNINITIALIZED, ModuleState, SetupState, context
-from linen_ext.module.foreign import (FOREIGN_MODULES, flax_errors_as_ours, is_flax_scope,
-                                      scope_over_flax_scope, wrap_foreign_modules)
+from linen_ext.module.foreign import (FOREIGN_MODULES, flax_errors_as_ours, flax_module_stack,
+                                      inline_parent, is_flax_scope, scope_over_flax_scope,
+                                      wrap_foreign_modules)
 from linen_ext.module.interception import run_intercepted
 from linen_ext.module.method_wrapping import compact, fn_name, wrap_method
 from linen_ext.describe import module_repr
@@ -297,6 +298,8 @@ class Module(VariablesMixin, EntryMixin, _DataclassBase):
                                         f'Calling @compact method "{fn_name(fun)}"')
       recurrent, state.in_compact_method = state.in_compact_method, True
     context.module_stack.append(self)
+    flax_stack = flax_module_stack()  # flax modules made in the method are adopted
+    flax_stack.append(inline_parent(state.in_setup))
     try:
       with self._named_scope(fn_name(fun)), \
           flax_errors_as_ours(type(self).__name__, fn_name(fun)):
@@ -308,6 +311,7 @@ class Module(VariablesMixin, EntryMixin, _DataclassBase):
       return y
     finally:
       context.module_stack.pop()
+      flax_stack.pop()
       if is_compact:
         assert self.scope is not None, 'checked before the call'
         object.__setattr__(self, 'scope', self.scope.rewound())

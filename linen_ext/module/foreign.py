@@ -1,26 +1,53 @@
-"""Modules of another module system (`flax.linen`'s) held by a Module's attributes.
+"""Modules of another module system (`flax.linen`'s) held by a Module or made in its methods.
 
 `linen_ext.layers` registers how a `flax.linen.Module` becomes one of ours (`from_flax`);
 `Module` wraps the ones it finds in fields and ``setup`` attributes before adopting them.
+
+A flax module made while a method of ours runs (``flax.linen.Dense(3)``, NNX's
+``bridge.to_linen(...)`` in a ``@compact`` method) is adopted as a flax module made in
+a flax method is: flax takes its parent from flax's own module stack, on which each call
+of one of our methods puts an `inline_parent`. That parent leaves the module unbound but
+marks it with its owner (the module whose method runs) and the name it was given; its
+first call (or `from_flax` of it) wraps it, once, as a submodule of the owner, which
+must then allow submodules (in ``setup`` or a compact method, as flax's check), and
+every call of its methods runs the wrapper's. In ``setup``, unnamed modules are left
+alone until assigned to an attribute, as flax leaves them.
 """
 from __future__ import annotations
 
 import contextlib
-import pathlib
-import traceback
+import dataclasses
+import functools
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import flax.linen as flax_nn
 from flax import errors as flax_errors
 from flax.core import FrozenDict
-from flax.linen import partitioning as flax_partitioning
+from flax.linen import module as flax_module_system
 
 from lift.scope import Scope
 
 from linen_ext import errors
+from linen_ext.module.method_wrapping import fn_name
+from linen_ext.module.state import context
 
 # How a module of another system becomes one of ours, by its class (filled by the layers).
 FOREIGN_MODULES: dict[type, Callable[[Any], Any]] = {}
+# How a module class of another system becomes a Module class of ours (for the transforms).
+FOREIGN_CLASSES: dict[type, Callable[[type], type]] = {}
+
+
+def our_class(cls: type) -> type:
+  """``cls``, or the Module class of ours standing for a module class of another system.
+
+  >>> import flax.linen
+  >>> our_class(flax.linen.Dense).__name__
+  'Dense'
+  """
+  wrap = next((fn for base, fn in FOREIGN_CLASSES.items() if issubclass(cls, base)), None)
+  return cls if wrap is None else wrap(cls)
 
 
 def wrap_foreign_modules(tree: Any) -> Any:
@@ -43,6 +70,117 @@ def wrap_foreign_modules(tree: Any) -> Any:
   return tree
 
 
+def flax_module_stack() -> list[Any]:
+  """Flax's per-thread stack of the modules whose methods run (its parents of new modules)."""
+  return flax_module_system._context.module_stack
+
+
+@dataclasses.dataclass
+class InlineAdoption:
+  """How a flax module made in a compact method of ``owner`` becomes its submodule."""
+  owner: weakref.ref  # the Module whose compact method made it
+  name: str | None  # the name it was given; None: the wrapper is named as ours are
+  wrapper: Any = None  # its FlaxModule, made on first use
+
+
+_ADOPTION = '_linen_ext_adoption'  # where a flax module made inline keeps its InlineAdoption
+
+
+def inline_adoption(module: Any) -> InlineAdoption | None:
+  """The adoption record of a flax module made in one of our compact methods, if it is one."""
+  return module.__dict__.get(_ADOPTION)
+
+
+class _AutonameCursor(dict):
+  """The inline parent's autoname counts: a write means flax named the module being made."""
+  named_by_flax = False
+
+  def __setitem__(self, key, value):
+    self.named_by_flax = True
+    super().__setitem__(key, value)
+
+
+class _Adopting(dict):
+  """The inline parent's children: registering one marks it for adoption instead."""
+
+  def __init__(self, cursor: _AutonameCursor):
+    super().__init__()
+    self._cursor = cursor
+
+  def __setitem__(self, name: str, module: Any) -> None:
+    given = None if self._cursor.named_by_flax else name
+    self._cursor.named_by_flax = False
+    object.__setattr__(module, 'name', given)
+    object.__setattr__(module, '_call_wrapped_method', functools.partial(_run_adopted, module))
+    module.__dict__[_ADOPTION] = InlineAdoption(weakref.ref(context.module_stack[-1]), given)
+
+
+class _RunningScope:
+  """The inline parent's scope: it reserves no name and binds no child (adoption does
+  both), and is otherwise the scope of the module whose method runs."""
+
+  def name_reserved(self, name: str, collection: str | None = None) -> bool:
+    del name, collection
+    return False
+
+  def push(self, name: str | None = None, reuse: bool = False) -> None:
+    del name, reuse
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(context.module_stack[-1].scope, name)
+
+
+class _InlineParent(flax_nn.Module):
+  """Flax's parent of the flax modules made in our compact methods (see `inline_parent`).
+
+  Flax code that finds "the current module" on flax's stack (`flax.linen.partitioning`'s
+  ``param_with_axes`` without ``module=``) reaches the running module of ours through it.
+  """
+
+  @flax_nn.nowrap
+  def param(self, *args, **kwargs) -> Any:
+    return context.module_stack[-1].param(*args, **kwargs)
+
+  @flax_nn.nowrap
+  def variable(self, *args, **kwargs) -> Any:
+    return context.module_stack[-1].variable(*args, **kwargs)
+
+  @flax_nn.nowrap
+  def sow(self, *args, **kwargs) -> Any:
+    return context.module_stack[-1].sow(*args, **kwargs)
+
+  @flax_nn.nowrap
+  def is_mutable_collection(self, col: str) -> bool:
+    return context.module_stack[-1].is_mutable_collection(col)
+
+
+def inline_parent(in_setup: bool) -> _InlineParent:
+  """This thread's `_InlineParent`: flax registers each module made under it as its child.
+
+  The one for ``setup`` (``in_setup``) leaves unnamed modules alone, as flax does: they
+  are named by the attribute they are assigned to.
+  """
+  parent = context.flax_inline_parents.get(in_setup)
+  if parent is None:
+    parent = _InlineParent(parent=None)  # an orphan: flax leaves it alone
+    cursor = _AutonameCursor()
+    parent._state.in_setup = in_setup
+    parent._state.autoname_cursor = cursor
+    parent._state.children = _Adopting(cursor)
+    object.__setattr__(parent, 'scope', _RunningScope())
+    context.flax_inline_parents[in_setup] = parent
+  return parent
+
+
+def _run_adopted(module: Any, fun: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+  """A method call of an adopted flax module: the same method of its wrapper."""
+  wrapper = wrap_foreign_modules(module)
+  method = fn_name(fun)
+  if method == '__call__':
+    return wrapper(*args, **kwargs)
+  return wrapper.call_method(method, *args, **kwargs)
+
+
 def is_flax_scope(value: Any) -> bool:
   """Whether ``value`` is a `flax.core.Scope` (told by its class, without importing flax's)."""
   return type(value).__name__ == 'Scope' and type(value).__module__ == 'flax.core.scope'
@@ -62,30 +200,17 @@ def scope_over_flax_scope(flax_scope: Any, cls_name: str) -> Scope:
                path=flax_scope.path, flags=flax_scope.flags)
 
 
-_FLAX_PARTITIONING = pathlib.Path(flax_partitioning.__file__).resolve()
-
-
 @contextlib.contextmanager
 def flax_errors_as_ours(cls_name: str, method: str) -> Iterator[None]:
-  """Errors of `flax.linen` code that looked for a flax module around it, as ours.
-
-  Flax binds modules, and finds "the current module", only inside flax modules:
-  a flax module made and called inline, or flax's `param_with_axes` /
-  `variable_with_axes` called without ``module=`` inside ``cls_name.method``,
-  fail there with flax's unbound-module error or a bare ``AssertionError``.
-  """
+  """Flax's unbound-module error for a flax module that nothing adopted, as ours."""
   try:
     yield
   except flax_errors.CallCompactUnboundModuleError as e:
     if isinstance(e, errors.ModuleError):  # ours, from a method called inside
       raise
     raise errors.FlaxModuleCalledInlineError(cls_name, method) from e
-  except AssertionError as e:
-    frame = traceback.extract_tb(e.__traceback__)[-1]
-    if pathlib.Path(frame.filename).resolve() != _FLAX_PARTITIONING:
-      raise
-    raise errors.FlaxPartitioningError(frame.name, cls_name, method) from e
 
 
-__all__ = ['FOREIGN_MODULES', 'flax_errors_as_ours', 'is_flax_scope', 'scope_over_flax_scope',
+__all__ = ['FOREIGN_CLASSES', 'FOREIGN_MODULES', 'InlineAdoption', 'flax_errors_as_ours', 'flax_module_stack',
+           'inline_adoption', 'inline_parent', 'is_flax_scope', 'our_class', 'scope_over_flax_scope',
            'wrap_foreign_modules']

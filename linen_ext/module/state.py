@@ -54,6 +54,7 @@ class _Context(threading.local):
     self.module_stack: list[Any] = [None]
     self.capture_stack: list[Callable[[Any, str], bool] | None] = []
     self.interceptors: list[Callable[..., Any]] = []  # intercept_methods, outermost first
+    self.flax_inline_parents: dict[bool, Any] = {}  # see linen_ext.module.foreign.inline_parent
 
 
 context = _Context()

@@ -29,7 +29,7 @@ from linen_ext import errors
 from linen_ext.transforms.lifting import (Build, cached_lifted, call_lifted, forked_rngs,
                                is_module_class, mark_wrapped, positional_parameters)
 from linen_ext.module.core import Module, fn_name, wrap_method
-from linen_ext.module.foreign import FOREIGN_MODULES
+from linen_ext.module.foreign import FOREIGN_MODULES, our_class
 
 Target = TypeVar('Target')
 
@@ -134,7 +134,12 @@ def _cached_class(spec: TransformSpec, target: Any, methods: Any, options: dict)
 
 def apply_spec(spec: TransformSpec, target: Target, options: dict,
                methods: Any = None) -> Target:
-  """Applies ``spec`` to a Module class (a new class) or a method (a decorated method)."""
+  """Applies ``spec`` to a Module class (a new class) or a method (a decorated method).
+
+  A `flax.linen` class is transformed as the `FlaxLayer` class standing for it.
+  """
+  if inspect.isclass(target):
+    target = our_class(target)
   foreign = isinstance(target, tuple(FOREIGN_MODULES))  # a flax.linen module instance
   if isinstance(target, Module) or foreign or not callable(target) or (
       inspect.isclass(target) and not is_module_class(target)):  # e.g. a flax.linen class

@@ -83,9 +83,11 @@ def flax_functions_block(lib, explicit):
   return Block()
 
 
-def test_flax_partitioning_functions_with_module_self_give_flax_variables():
+@pytest.mark.parametrize('explicit', [True, False], ids=['module=self', 'found on the stack'])
+def test_flax_partitioning_functions_give_flax_variables(explicit):
+  """Flax's functions find the running module of ours without ``module=``, as in Flax."""
   def build(lib):
-    block = flax_functions_block(lib, explicit=lib is nn)
+    block = flax_functions_block(lib, explicit)
     variables = block.init(jax.random.key(0), X)
     return variables, block.apply(variables, X, mutable=['stats'])
   check_linen_parity(build)

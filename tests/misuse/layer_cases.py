@@ -44,12 +44,6 @@ def _cache_declared_twice():
   return compact(nn, lambda m, nn, x: (lambda c: c(('a',)) + c(('b',)))(Cache())).init(KEY, X)
 
 
-def _flax_param_with_axes_without_module():
-  from flax.linen import partitioning as flax_partitioning
-  return compact(nn, lambda m, nn, x: x @ flax_partitioning.param_with_axes(
-      'w', nn.initializers.ones, (3, 2), axes=('embed', 'mlp'))).init(KEY, X)
-
-
 def _spectral_norm_of_a_conv():
   return compact(nn, lambda m, nn, x: nn.SpectralNorm(nn.Conv(2, (2,)), error_on_non_matrix=True)(
       x, update_stats=False)).init(KEY, X[..., None])
@@ -73,10 +67,6 @@ def _native_layer_of_an_unported_composite():
     flax_class = FlaxTwice
 
 CASES = [
-    case("flax.linen.partitioning.param_with_axes in a module without module=",
-         _flax_param_with_axes_without_module, errors.FlaxPartitioningError,
-         'flax.linen.partitioning.param_with_axes', '`Model.__call__`',
-         'from linen_ext import partitioning', 'module=self', flax_error=AssertionError),
     case('calling a ready-made layer outside init/apply', lambda: nn.Dense(3)(X),
          errors.UnboundModuleError, 'unbound module `Dense`'),
     case('calling a compact_name_scope method outside init/apply', lambda: Scoped().up(X),

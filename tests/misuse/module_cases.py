@@ -14,6 +14,7 @@ from tests.misuse import both, case
 
 KEY = jax.random.key(0)
 X = jnp.ones((2, 3))
+FLAX_DENSE = flax_nn.Dense(2)  # made at import, outside any module: nothing adopts it
 
 
 class Mlp(nn.Module):
@@ -185,8 +186,8 @@ CASES = [
         nn, lambda m, nn, x: m.perturb('h', x)).apply({'perturbations': {}}, X),
          errors.MissingPerturbationError, 'missing perturbation variable h (perturb("h")'),
     # -- Flax's objects where ours are expected ----------------------------------------------
-    case("a flax.linen module made and called in a compact method", lambda: module(
-        'Bare', __call__=nn.compact(lambda self, x: flax_nn.Dense(2)(x)))().init(KEY, X),
+    case("a flax.linen module made outside the model, called in a method", lambda: module(
+        'Bare', __call__=nn.compact(lambda self, x: FLAX_DENSE(x)))().init(KEY, X),
          errors.FlaxModuleCalledInlineError, "Can't call compact methods on unbound modules",
          '`Bare.', 'nn.from_flax', flax_error=flax_errors.CallCompactUnboundModuleError),
     case("a child of Flax's scope as a parent", lambda: Mlp(parent=flax.core.Scope({}).push('a')),

@@ -127,10 +127,9 @@ TARGETS = [
     case('nn.vmap of a module instance', lambda: nn.vmap(nn.Dense(3), variable_axes={'params': 0}),
          errors.TransformTargetError, '`nn.vmap` was given Dense instance', 'Module class',
          flax_error=flax_errors.TransformTargetError),
-    case('nn.vmap of a flax.linen class', lambda: nn.vmap(flax_nn.Dense, **ENSEMBLE),
-         errors.TransformTargetError, 'the class flax.linen.linear.Dense', 'nn.from_flax'),
     case('nn.vmap of a flax.linen module instance', lambda: nn.vmap(flax_nn.Dense(3), **ENSEMBLE),
-         errors.TransformTargetError, '`nn.vmap` was given Dense instance', 'nn.from_flax'),
+         errors.TransformTargetError, '`nn.vmap` was given Dense instance',
+         'nn.vmap(flax.linen.Dense, ...)(3)'),
     case('nn.lift_transform of a module instance', lambda: nn.lift_transform(
         lift_scale, nn.Dense(2), 2.0), errors.TransformTargetError,
          '`nn.lift_transform(lift_scale)`'),
