@@ -42,17 +42,17 @@ from lift.axes import (MappedAxes, broadcast, is_unmapped, MappedLeaf, check_axi
                        mapped_variables, path_text, split_rng_groups)
 
 _NOT_A_PAIR = (
-    'scan at "{path}": the body returned {got}, but a scan body returns a pair (carry, ys): '
+    '{name} at "{path}": the body returned {got}, but a scan body returns a pair (carry, ys): '
     'the next carry (the structure, shapes and dtypes of the carry it received) and '
     'the step\'s outputs (None for none). Fix: return `(carry, y)`; to scan a module '
     'whose __call__ returns one value, wrap it in one that returns `(y, None)` or `(y, y)`.')
 _CARRY_CHANGED = (
-    'scan: the body takes the carry {before} and returns the carry {after}. The '
+    '{name}: the body takes the carry {before} and returns the carry {after}. The '
     'carry keeps one structure, shape and dtype from step to step. Fix: return a '
     'carry like the one received (cast or reshape it), and put values that grow '
     'or change shape in ys.')
 _DEPENDS_ON_LOOP = (
-    'scan: these values are loop-invariant (a broadcast variable, or an output '
+    '{name}: these values are loop-invariant (a broadcast variable, or an output '
     'with out_axes=lift.broadcast) but depend on the carry, on the scanned '
     'inputs or on a split rng stream:\n{labels}\nA loop-invariant value is '
     'computed once for all steps, so it cannot change from step to step. Fix: '
@@ -71,6 +71,7 @@ class ScanConfig(MappedAxes):
   remat: Any = False
   split_transpose: bool = False
   draw_once: Filter = False
+  name: str = 'scan'  # in messages and scope paths: a client's loop says what it is
 
 
 class LoopCarry(NamedTuple):
@@ -189,7 +190,7 @@ class _Step:
     if not isinstance(out, (tuple, list)) or len(out) != 2:
       got = jax.tree.map(lambda a: jax.typeof(a).str_short(), out)
       where = jax.tree.leaves(scope, is_leaf=lambda s: isinstance(s, Scope))[0].path_text
-      raise errors.ScanBodyError(_NOT_A_PAIR.format(path=where, got=got))
+      raise errors.ScanBodyError(_NOT_A_PAIR.format(name=self.config.name, path=where, got=got))
     c, ys = out
     broadcast_out, carry_out, *scanned_out = self.repack_fn(scope)
     scanned_ys, invariant_ys = _split_ys(ys, self.config.out_axes)
@@ -250,12 +251,12 @@ def _invariant_labels(invariant: Invariant) -> list[str]:
                    for p, _ in jax.tree_util.tree_flatten_with_path(invariant.ys)[0]]
 
 
-def _check_invariant(jaxpr: Any, invariant: Invariant):
+def _check_invariant(name: str, jaxpr: Any, invariant: Invariant):
   labels = _invariant_labels(invariant)
   bad = [label for label, dep in zip(labels, _depends_on_inputs(jaxpr, len(labels))) if dep]
   if bad:
     raise errors.LoopInvariantError(_DEPENDS_ON_LOOP.format(
-        labels='\n'.join(f'  * {label}' for label in bad)))
+        name=name, labels='\n'.join(f'  * {label}' for label in bad)))
 
 
 def _invariant_first(step: _Step, carry: LoopCarry, x: StepInputs):
@@ -263,13 +264,14 @@ def _invariant_first(step: _Step, carry: LoopCarry, x: StepInputs):
   return invariant, carry, scanned
 
 
-def _check_carry_types(init: Any, out: Any):
+def _check_carry_types(name: str, init: Any, out: Any):
   # Shapes and dtypes only: lax.scan itself reconciles weak types.
   types = lambda tree: jax.tree.map(lambda a: f'{jnp.result_type(a).name}{list(np.shape(a))}', tree)
   # jaxlib ships no type stubs: mypy cannot resolve PyTreeDef, nor its comparison.
   if (jax.tree.structure(init) != jax.tree.structure(out)  # type: ignore[operator]
       or types(init) != types(out)):
-    raise errors.ScanBodyError(_CARRY_CHANGED.format(before=types(init), after=types(out)))
+    raise errors.ScanBodyError(_CARRY_CHANGED.format(name=name, before=types(init),
+                                                     after=types(out)))
 
 
 class _Plan(NamedTuple):
@@ -287,11 +289,11 @@ def _plan(step: _Step, carry_variables: tuple[dict, ...], init: Any, xs: StepInp
       functools.partial(_invariant_first, step), return_shape=True,
   )(LoopCarry(carry_variables, init), jax.tree.map(_step_shape, xs))
   step.replay.save()
-  _check_invariant(jaxpr, invariant)
+  _check_invariant(step.config.name, jaxpr, invariant)
   treedef: PyTreeDef
   leaves, treedef = jax.tree.flatten(invariant)
   invariant = treedef.unflatten(_evaluate_outputs(jaxpr, len(leaves)))
-  _check_carry_types(init, out_carry.carry)
+  _check_carry_types(step.config.name, init, out_carry.carry)
   returned = out_carry.variables
   carried = tuple({c: t for c, t in group.items() if c in out}
                   for group, out in zip(carry_variables, returned))
@@ -372,10 +374,10 @@ def _scanned_inputs(fn, config: ScanConfig, variable_groups, rng_groups, args):
   in_axes = cast(tuple[int, ...], config.variable_axes.in_axes)  # scan's axes are never None
   groups = remove_group_axes(variable_groups, in_axes, config.metadata_params)
   arg_axes = [None if is_unmapped(a) else a for a in leaf_axes(
-      'scan', 'in_axes', config.in_axes, args, is_unmapped, 'scanned arguments')]
+      config.name, 'in_axes', config.in_axes, args, is_unmapped, 'scanned arguments')]
   mapped = mapped_arguments(fn, args, arg_axes, skip=2) + mapped_variables(
       groups, in_axes)
-  length = infer_axis_size('scan', 'length', mapped, config.size)
+  length = infer_axis_size(config.name, 'length', mapped, config.size)
   rngs = split_rng_groups(rng_groups, config.rng_splits, length)
   xs = StepInputs(
       tuple(move_axis(g, a, 0) for g, a in zip(groups, in_axes)),
@@ -413,7 +415,7 @@ def build_scan(fn: Callable[..., Any], variable_broadcast: Filter, variable_carr
   inner = functools.partial(_scan_groups, fn, config)
   functools.update_wrapper(inner, fn)
   return pack(inner, shared + config.variable_axes.in_filters,
-              shared + config.variable_axes.out_filters, rng_filters, name='scan')
+              shared + config.variable_axes.out_filters, rng_filters, name=config.name)
 
 
 def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # noqa: B006
@@ -424,7 +426,7 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
          data_transform: Callable[..., Any] | None = None,
          metadata_params: Mapping[Any, Any] = {},  # noqa: B006 (Flax's defaults)
          check_constancy_invariants: bool = True, remat: Any = False,
-         _draw_once: Filter = False) -> Callable[..., Any]:
+         _draw_once: Filter = False, _name: str = 'scan') -> Callable[..., Any]:
   """Lifted ``lax.scan`` of ``fn(scope, carry, *xs) -> (carry, ys)``.
 
   Args:
@@ -456,6 +458,7 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
     remat: checkpoint policy of each step: anything
       ``lift.loops.resolve_remat`` accepts (False, True, 'nested', ...).
     _draw_once: streams that draw in the loop what the pre-pass draws (as ``vmap``).
+    _name: what the loop is, in error messages and scope paths (``nn.Stacked(Block)``).
 
   Not for loops of unknown length: use ``while_loop``.
 
@@ -475,7 +478,8 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
       axes, splits, check_axis_leaves('scan', 'in_axes', in_axes, is_unmapped, 'lift.broadcast'),
       check_axis_leaves('scan', 'out_axes', out_axes, is_unmapped, 'lift.broadcast'),
       check_size('scan', 'length', length), dict(metadata_params), reverse, unroll,
-      data_transform, remat, _split_transpose, _draw_once if check_constancy_invariants else True)
+      data_transform, remat, _split_transpose, _draw_once if check_constancy_invariants else True,
+      _name)
   return build_scan(fn, variable_broadcast, variable_carry, split_rngs, config)
 
 

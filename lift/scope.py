@@ -141,9 +141,13 @@ class Scope:
 
   @property
   def path_text(self) -> str:
+    """The path for messages: ``/a/b``; Flax's ``scan(/a/b)`` inside a lifted transform,
+    or ``/a/b (in nn.Stacked(Block))`` inside a loop its client named."""
     text = '/' + '/'.join(self.path)
     debug = self.root._debug_name
-    return f'{debug}({text})' if debug else text
+    if not debug:
+      return text
+    return f'{debug}({text})' if debug.isidentifier() else f'{text} (in {debug})'
 
   @property
   def debug_path(self) -> tuple[str, ...]:

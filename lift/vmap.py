@@ -71,7 +71,8 @@ def vmap(fn: Callable[..., Any], variable_axes: Mapping[Filter, int | None],
          split_rngs: Mapping[Filter, bool], in_axes: Any = 0, out_axes: Any = 0,
          axis_size: int | None = None, axis_name: Any = None,
          spmd_axis_name: Any = None,
-         metadata_params: Mapping[Any, Any] = {}) -> Callable[..., Any]:  # noqa: B006 (Flax's default)
+         metadata_params: Mapping[Any, Any] = {},  # noqa: B006 (Flax's default)
+         _name: str = 'vmap') -> Callable[..., Any]:
   """Lifted ``jax.vmap`` of ``fn(scope, *args)``.
 
   Args:
@@ -94,6 +95,7 @@ def vmap(fn: Callable[..., Any], variable_axes: Mapping[Filter, int | None],
     spmd_axis_name: as ``jax.vmap``.
     metadata_params: passed to ``add_axis``/``remove_axis`` of the
       ``flax.core.meta.AxisMetadata`` boxes of mapped collections.
+    _name: what the map is, in error messages and scope paths (``nn.Stacked(Block)``).
 
   Not for sharing weights across positions of one input: that is plain
   broadcasting, no transform needed.
@@ -117,7 +119,7 @@ def vmap(fn: Callable[..., Any], variable_axes: Mapping[Filter, int | None],
       axis_name=axis_name, spmd_axis_name=spmd_axis_name)
   inner = functools.partial(_vmap_groups, fn, config)
   functools.update_wrapper(inner, fn)
-  return pack(inner, axes.in_filters, axes.out_filters, rng_filters, name='vmap')
+  return pack(inner, axes.in_filters, axes.out_filters, rng_filters, name=_name)
 
 
 __all__ = ['vmap', 'In', 'Out']

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import textwrap
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -37,6 +38,16 @@ def module_repr(module: Any, children_of: Callable[[Any], Mapping[str, Any]],
   if not lines:
     return f'{type(module).__name__}()'
   return f'{type(module).__name__}(\n{textwrap.indent(chr(10).join(lines), " " * indent)}\n)'
+
+
+def loop_name(kind: str, block: Any) -> str:
+  """How a loop over a block names itself in messages and scope paths.
+
+  >>> loop_name('Stacked', functools.partial(nn.Dense, 3))
+  'nn.Stacked(Dense)'
+  """
+  cls = block.func if isinstance(block, functools.partial) else block
+  return f'nn.{kind}({getattr(cls, "__qualname__", None) or type(cls).__name__})'
 
 
 def one_line(value: Any, width: int = 80) -> str:

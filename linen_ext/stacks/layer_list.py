@@ -52,7 +52,7 @@ from lift.rng import RngCounters
 
 from linen_ext import errors
 from linen_ext.module.core import Module, map_modules
-from linen_ext.describe import one_line
+from linen_ext.describe import loop_name, one_line
 from linen_ext.stacks.layout import (LayerArgs, check_rows, check_same_code,
                                     check_same_variables, row, split_layer_args,
                                     stack_trees)
@@ -177,7 +177,9 @@ def _flax_draws_refused():
 
 
 def _names(path_text: str) -> tuple[str, ...]:
-  """``('a', 'b')`` from an error's scope path ``'/a/b'`` or ``'scan_layers(/a/b)'``."""
+  """``('a', 'b')`` from an error's scope path: ``'/a/b'``, ``'scan(/a/b)'`` or
+  ``'/a/b (in nn.scan_layers(Block))'`` (see `lift.Scope.path_text`)."""
+  path_text = path_text.split(' (in ', 1)[0]
   if path_text.endswith(')') and '(' in path_text:
     path_text = path_text[path_text.index('(') + 1:-1]
   return tuple(name for name in path_text.split('/') if name)
@@ -305,7 +307,8 @@ def scan_layers(layers: Sequence[Module], x: Any, *args, remat: Any = False, **k
   counters = [layer._bound_scope('Calling scan_layers').rng_counters for layer in layers]
   shared = _shared_modules(layers[0])
   core = functools.partial(_loop_groups, layers[0], shared, layer_args, remat, counters)
-  return pack(core, (True,), (True,), (True,), name='scan_layers')(
+  name = loop_name('scan_layers', type(layers[0]))  # paths inside are the first layer's
+  return pack(core, (True,), (True,), (True,), name=name)(
       ([layer.scope for layer in layers], [module.scope for module in shared]), x)
 
 

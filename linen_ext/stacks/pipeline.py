@@ -28,6 +28,7 @@ from lift.filters import in_filter
 from lift.metadata import remove_group_axes
 from lift.pack import pack
 
+from linen_ext.describe import loop_name
 from linen_ext.stacks import pipeline_checks as checks
 from linen_ext.stacks import pipeline_variables as writes_of
 from linen_ext.stacks.microbatch_rng import microbatch_keys
@@ -306,7 +307,8 @@ def lifted_pipeline(plan: PipelinePlan, make_block: Callable[..., Any], metadata
     y, state, created = _run(plan, layer, (fixed, rngs, arg_rows), state, x, per_example)
     return y, ((writes_of.returned(state, created, metadata_params),),)
 
-  return pack(inner, (True,), (True,), (True,), name='pipeline')
+  return pack(inner, (True,), (True,), (True,),
+              name=loop_name('Stacked.pipeline', make_block.block_cls))
 
 
 __all__ = ['schedule_table', 'bubble_fraction', 'circular_order', 'stacked_to_circular',

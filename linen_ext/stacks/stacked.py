@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from flax.core import FrozenDict
 
 import lift
@@ -33,7 +35,7 @@ from lift import loops
 from linen_ext import errors
 from linen_ext.transforms.lifting import is_module_class
 from linen_ext.module.core import Module
-from linen_ext.describe import one_line
+from linen_ext.describe import loop_name, one_line
 from linen_ext.stacks.pipeline_run import run_pipeline
 from linen_ext.stacks.layout import (LayerArgs, check_rows, layer_name, split_layer_args,
                                     stacked_to_layers)
@@ -48,6 +50,12 @@ _BAD_LENGTH = (
 _BAD_MAPPING = (
     '{stack}: {field}={value!r} is not a dict. Fix: e.g. '
     'metadata_params={{nn.PARTITION_NAME: "layers"}}, block_kwargs={{"features": 8}}.')
+_CARRY_CHANGED = (
+    '{stack} at "{path}": a layer takes the carry {before} and returns {after}. One loop '
+    'runs every layer, passing the carry from each to the next, so the block must return '
+    'what it takes (the same structure, shapes and dtypes). Fix: make the block keep its '
+    "input's type (the same features, `dtype=x.dtype`), or use nn.BlockSeq for layers "
+    'that change it.')
 _BAD_STEP = (
     '{stack}.{mode}: the block returned {kind}, but {mode} needs {needed}. Fix: '
     'use fold for blocks that return the next carry, scan for blocks that '
@@ -112,9 +120,21 @@ class _BlockFactory:
     return self.block_cls(parent=scope, **self.kwargs)
 
 
+def _carry_types(tree: Any) -> Any:
+  # Shapes and dtypes, as lax.scan compares them (weak types aside).
+  return jax.tree.map(lambda a: f'{jnp.result_type(a).name}{list(np.shape(a))}', tree)
+
+
 def _scan_step(make_block, fn, mode, layer_args: LayerArgs, scope, carry, rows):
   args, kwargs = layer_args.for_layer(rows)
-  return step_result('Stacked', mode, carry, fn(make_block(scope), carry, *args, **kwargs))
+  stack = loop_name('Stacked', make_block.block_cls)
+  new_carry, out = step_result(stack, mode, carry,
+                               fn(make_block(scope), carry, *args, **kwargs))
+  if _carry_types(new_carry) != _carry_types(carry):
+    raise errors.LayerStackError(_CARRY_CHANGED.format(
+        stack=stack, path='/' + '/'.join(scope.path), before=_carry_types(carry),
+        after=_carry_types(new_carry)))
+  return new_carry, out
 
 
 def _vmap_step(make_block, fn, layer_args: LayerArgs, scope, x, rows):
@@ -282,7 +302,8 @@ class Stacked(LayerStack):
     step = functools.partial(_vmap_step, self._factory(), fn, layer_args)
     mapped = lift.vmap(step, variable_axes={True: 0}, split_rngs={True: True},
                        in_axes=(None, 0), axis_size=self.length,
-                       metadata_params=self.metadata_params)
+                       metadata_params=self.metadata_params,
+                       _name=loop_name('Stacked', self.block_cls))
     return mapped(self._bound_scope('Calling Stacked'), x, layer_args.rows)
 
   def _loop(self, fn: Callable[..., Any], mode: str, x: Any, *args, **kwargs) -> Any:
@@ -290,7 +311,8 @@ class Stacked(LayerStack):
     step = functools.partial(_scan_step, self._factory(), fn, mode, layer_args)
     loop = lift.scan(step, variable_axes={True: 0}, split_rngs={True: True},
                      length=self.length, metadata_params=self.metadata_params,
-                     remat=self.remat, _draw_once='params')
+                     remat=self.remat, _draw_once='params',
+                     _name=loop_name('Stacked', self.block_cls))
     carry, outs = loop(self._bound_scope(f'Calling Stacked.{mode}'), x, layer_args.rows)
     return carry if mode == 'fold' else (carry, outs)
 

@@ -260,7 +260,12 @@ def _map_variables_options(transform: str, fn: Callable[..., Any], options: dict
 
 
 VMAP = TransformSpec('vmap', lift_vmap)
-SCAN = TransformSpec('scan', lift_scan)
+def _scan_options(transform: str, fn: Callable[..., Any], options: dict) -> dict:
+  # The loop names the user's method in messages and paths: nn.scan(Cell.__call__).
+  return {**options, '_name': f'nn.{transform}({fn.__qualname__})'}
+
+
+SCAN = TransformSpec('scan', lift_scan, adapt=_scan_options)
 CHECKPOINT = TransformSpec('checkpoint', lift_checkpoint, adapt=_checkpoint_options)
 JIT = TransformSpec('jit', lift_jit, cached=True, adapt=_jit_options)
 MAP_VARIABLES = TransformSpec('map_variables', lift_map_variables, adapt=_map_variables_options)

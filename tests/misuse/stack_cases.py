@@ -37,6 +37,35 @@ class ScanBlock(nn.Module):
     return y, jnp.sum(y, axis=-1)
 
 
+class Narrowing(nn.Module):
+  """A block whose output is narrower than its input: no carry for a loop."""
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(2)(nn.LayerNorm()(x))
+
+
+class Norm(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return x + nn.LayerNorm()(x)
+
+
+class DropBlock(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dropout(0.5, deterministic=False)(x)
+
+
+class Model(nn.Module):
+  """A model with its blocks in a stack at ``/layers``, as users write stacks."""
+  block: type
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Stacked(self.block, 3, name='layers')(x)
+
+
 def stacked_variables():
   return nn.Stacked(Block, N).init(KEY, X)
 
@@ -59,6 +88,15 @@ def _partitioned_stack(nn):
 
 
 STACKED = [
+    case('a block under Stacked changing the shape of its carry', lambda: Model(
+        Narrowing).init(KEY, X), errors.LayerStackError, 'nn.Stacked(Narrowing) at "/layers"',
+         'takes the carry float32[2, 4] and returns float32[2, 2]', 'nn.BlockSeq'),
+    case('inputs wider than at init, under Stacked', lambda: Model(Norm).apply(
+        Model(Norm).init(KEY, X), jnp.ones((2, 8))), lift_errors.ParamShapeError,
+         '"/layers/LayerNorm_0 (in nn.Stacked(Norm))"', 're-initialise'),
+    case('a dropout block under Stacked applied without a dropout key', lambda: Model(
+        DropBlock).apply({}, X), lift_errors.UnknownRngError,
+         '"/layers/Dropout_0 (in nn.Stacked(DropBlock))"', 'rngs={"dropout": key}'),
     case('Stacked of a module instance', lambda: nn.Stacked(Block(parent=None), N),
          errors.LayerStackError, 'Stacked: block', 'is not a Module class'),
     case('Stacked of a flax.linen class', lambda: nn.Stacked(flax_nn.Dense, 3),
@@ -85,10 +123,11 @@ STACKED = [
     case('BlockSeq of one module instance', lambda: nn.BlockSeq(nn.Dense(3, parent=None), 3),
          errors.LayerStackError, 'is neither a Module class nor a non-empty list of Modules'),
     case('Stacked.scan of a block returning one array', lambda: nn.Stacked(Block, N).apply(
-        stacked_variables(), X, method='scan'), errors.LayerStackError, 'Stacked.scan',
+        stacked_variables(), X, method='scan'), errors.LayerStackError, 'nn.Stacked(Block).scan',
          'scan needs a (carry, out) pair', 'fold_via/scan_via'),
     case('Stacked.fold of a block returning a pair', lambda: nn.Stacked(ScanBlock, N).init(KEY, X),
-         errors.LayerStackError, 'Stacked.fold', 'fold needs the structure of its carry'),
+         errors.LayerStackError, 'nn.Stacked(ScanBlock).fold',
+         'fold needs the structure of its carry'),
     case('per_layer rows for another number of layers', lambda: nn.Stacked(Block, N).apply(
         stacked_variables(), X, nn.per_layer(jnp.ones(3))), errors.LayerStackError,
          'leading axis 3', 'the stack has 4 layers'),
