@@ -1,13 +1,21 @@
-"""The documentation site: it builds with `mkdocs build --strict`, and every guide's code runs.
+"""The documentation site: it builds with `mkdocs build --strict`, and every guide's code runs
+and prints what the page shows.
 
 Each guide's ```python blocks run in order in one namespace per page, as a reader
-would run them, with JAX's default type promotion.
+would run them, with JAX's default type promotion. A block that prints is followed by
+its output, a ```text title="Output"``` block (`tools/docs_outputs.py` writes them): the
+printed text must be that, floats within a relative 1e-2 (another CPU rounds a trained
+model's loss differently in its last digits).
 """
+import contextlib
+import io
+import math
 import pathlib
 import re
 import subprocess
 import sys
 import types
+from typing import NamedTuple
 
 import jax
 import pytest
@@ -15,28 +23,77 @@ from markdown_it import MarkdownIt
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / 'docs'
-GUIDES = sorted(DOCS.glob('*.md')) + [ROOT / 'README.md']
+GUIDES = sorted(DOCS.glob('*.md')) + sorted(DOCS.glob('api/**/*.md')) + [ROOT / 'README.md']
+OUTPUT_INFO = 'text title="Output"'
+FLOAT = re.compile(r'-?\d+\.\d*(?:e[-+]?\d+)?')
 
 
-def python_blocks(page: pathlib.Path) -> list[tuple[int, str]]:
-  """``(first line, source)`` of every fenced block whose language is python."""
-  tokens = MarkdownIt('commonmark').parse(page.read_text())
-  return [(token.map[0] + 2, token.content) for token in tokens
-          if token.type == 'fence' and token.info.split()[:1] == ['python']]
+class Block(NamedTuple):
+  """A python block: its first line, source, the lines it spans and the output shown."""
+  line: int
+  source: str
+  end: int  # the line after the closing fence (0-based), where an output block would start
+  shown: str | None  # the text of the output block after it, if any
+  shown_lines: tuple[int, int] | None  # that block's line span (0-based, end exclusive)
 
 
-@pytest.mark.parametrize('page', GUIDES, ids=[p.stem for p in GUIDES])
-def test_guide_code_runs(page, tmp_path, monkeypatch):
-  monkeypatch.chdir(tmp_path)  # files a guide writes land in a scratch folder
-  module = types.ModuleType(f'docs_{page.stem.replace("-", "_")}')
-  monkeypatch.setitem(sys.modules, module.__name__, module)  # classes defined there find it
+def python_blocks(page: pathlib.Path) -> list[Block]:
+  """Every fenced block whose language is python, with the output block right after it."""
+  fences = [t for t in MarkdownIt('commonmark').parse(page.read_text()) if t.type == 'fence']
+  blocks = []
+  for i, token in enumerate(fences):
+    if token.info.split()[:1] != ['python']:
+      continue
+    after = fences[i + 1] if i + 1 < len(fences) else None
+    follows = after is not None and after.info == OUTPUT_INFO and after.map[0] - token.map[1] <= 1
+    blocks.append(Block(token.map[0] + 2, token.content, token.map[1],
+                        after.content if follows else None,
+                        tuple(after.map) if follows else None))
+  return blocks
+
+
+def run_page(page: pathlib.Path, module: types.ModuleType) -> list[tuple[Block, str]]:
+  """Runs the page's python blocks in ``module``: each block and what it printed."""
+  printed = []
   # Guides are user code and run as users run them, with JAX's default type promotion
   # (optax mixes Python floats with int32 step counts); the library's own code is held to
   # strict promotion by the rest of the suite.
   with jax.numpy_dtype_promotion('standard'):
-    for line, source in python_blocks(page):
-      code = compile('\n' * (line - 1) + source, str(page), 'exec')
-      exec(code, module.__dict__)  # a failure's traceback points at the page's own line
+    for block in python_blocks(page):
+      code = compile('\n' * (block.line - 1) + block.source, str(page), 'exec')
+      with contextlib.redirect_stdout(io.StringIO()) as out:
+        exec(code, module.__dict__)  # a failure's traceback points at the page's own line
+      printed.append((block, out.getvalue()))
+  return printed
+
+
+def same_output(shown: str, printed: str) -> bool:
+  """The same text, trailing spaces aside, floats within a relative 1e-2."""
+  shown, printed = (_normalised(text) for text in (shown, printed))
+  words, numbers = FLOAT.split(shown), FLOAT.findall(shown)
+  if words != FLOAT.split(printed) or len(numbers) != len(FLOAT.findall(printed)):
+    return False
+  return all(math.isclose(float(a), float(b), rel_tol=1e-2, abs_tol=1e-6)
+             for a, b in zip(numbers, FLOAT.findall(printed)))
+
+
+def _normalised(text: str) -> str:
+  return '\n'.join(line.rstrip() for line in text.strip('\n').split('\n'))
+
+
+@pytest.mark.parametrize('page', GUIDES, ids=[str(p.relative_to(ROOT)) for p in GUIDES])
+def test_guide_code_runs_and_prints_what_it_shows(page, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # files a guide writes land in a scratch folder
+  module = types.ModuleType(f'docs_{page.stem.replace("-", "_")}')
+  monkeypatch.setitem(sys.modules, module.__name__, module)  # classes defined there find it
+  for block, printed in run_page(page, module):
+    where = f'{page.relative_to(ROOT)}:{block.line}'
+    if block.shown is None:
+      assert not printed, f'{where} prints, but shows no ```{OUTPUT_INFO} block:\n{printed}'
+    else:
+      assert same_output(block.shown, printed), (
+          f'{where} shows\n{block.shown}\nbut prints\n{printed}\n'
+          'Fix: python tools/docs_outputs.py rewrites the output blocks.')
 
 
 def test_site_builds_strict():

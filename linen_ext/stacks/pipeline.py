@@ -264,7 +264,7 @@ def _run(plan: PipelinePlan, layer: Callable[..., Any], per_layer: Any, state: A
   return y, _by_layer(state, plan), _by_layer_and_microbatch(created, plan)
 
 
-def lifted_pipeline(plan: PipelinePlan, make_block: Callable[..., Any], metadata_params: Any,
+def lifted_pipeline(plan: PipelinePlan, make_block: Any, metadata_params: Any,
                     call: PipelineArgs) -> Callable[..., Any]:
   """The lifted pipeline: ``fn(scope, x, per_example, per_layer) -> y`` over the variables
   at the scope (arguments as `pipeline_args.split` gives them); mutable collections come

@@ -139,10 +139,10 @@ def apply_spec(spec: TransformSpec, target: Target, options: dict,
   A `flax.linen` class is transformed as the `FlaxLayer` class standing for it.
   """
   if inspect.isclass(target):
-    target = our_class(target)
+    target = cast(Target, our_class(target))
   foreign = isinstance(target, tuple(FOREIGN_MODULES))  # a flax.linen module instance
   if isinstance(target, Module) or foreign or not callable(target) or (
-      inspect.isclass(target) and not is_module_class(target)):  # e.g. a flax.linen class
+      inspect.isclass(target) and not is_module_class(target)):
     raise errors.TransformTargetError(spec.name, target)
   if is_module_class(target):
     return _cached_class(spec, target, methods, options)
