@@ -321,7 +321,7 @@ class _JitOptions(NamedTuple):
   backend: str | None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled(options: _JitOptions) -> jax.stages.Wrapped:
   # Arguments of _jit_body before the dynamic positional ones: key, variables, keys, hashes, kwargs.
   placement: dict[str, Any] = {

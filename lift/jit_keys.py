@@ -130,7 +130,7 @@ class TapeStream(RngStream):
   node: tuple[str, ...] = ()
   tape: Any = None
 
-  def child(self, name: str) -> 'TapeStream':
+  def child(self, name: str) -> TapeStream:
     return dataclasses.replace(self, suffix=self.suffix + (name,), node=self.node + (name,))
 
   def draw(self, count: int) -> jax.Array:

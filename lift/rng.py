@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any, Union
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-Foldable = Union[str, int]
+Foldable = str | int
 
 
 def fold_in_static(key: jax.Array, data: tuple[Foldable, ...]) -> jax.Array:
@@ -56,7 +56,7 @@ class RngStream:
   suffix: tuple[Foldable, ...] = dataclasses.field(
       default=(), metadata=dict(static=True))
 
-  def child(self, name: str) -> 'RngStream':
+  def child(self, name: str) -> RngStream:
     return RngStream(self.key, self.suffix + (name,))
 
   def draw(self, count: int) -> jax.Array:
@@ -96,7 +96,7 @@ class RngCounters:
     self.counts[stream] = self.counts.get(stream, 0) + 1
     return self.counts[stream]
 
-  def child(self, name: str) -> 'RngCounters':
+  def child(self, name: str) -> RngCounters:
     if name not in self.children:
       self.children[name] = RngCounters()
     return self.children[name]

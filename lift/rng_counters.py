@@ -23,7 +23,7 @@ from lift.scope import Scope
 class CountSnapshot(NamedTuple):
   """The draw counts of one counter node and of its named children."""
   counts: Mapping[str, int]
-  children: Mapping[str, 'CountSnapshot']
+  children: Mapping[str, CountSnapshot]
 
 
 EMPTY = CountSnapshot({}, {})

@@ -57,7 +57,7 @@ class Variable(Generic[T]):
     (42, {'counter': {'n': 42}})
   """
 
-  def __init__(self, scope: 'Scope', collection: str, name: str, unbox: bool = True):
+  def __init__(self, scope: Scope, collection: str, name: str, unbox: bool = True):
     self.scope, self.collection, self.name, self.unbox = scope, collection, name, unbox
 
   @property
@@ -100,7 +100,7 @@ class Scope:
 
   def __init__(self, variables: dict | None, rngs: Mapping[str, Any] | None = None,
                name: str | None = None, mutable: Filter = False,
-               parent: 'Scope | None' = None, path: tuple[str, ...] = (),
+               parent: Scope | None = None, path: tuple[str, ...] = (),
                flags: Mapping[str, Any] | None = None,
                rng_counters: RngCounters | None = None):
     self.name, self.parent = name, parent
@@ -129,7 +129,7 @@ class Scope:
   # -- identity and validity ------------------------------------------------
 
   @property
-  def root(self) -> 'Scope':
+  def root(self) -> Scope:
     return self if self._root is None else self._root
 
   @property
@@ -185,7 +185,7 @@ class Scope:
       self._variables, self.rngs, self.client_cache = {}, {}, {}
 
   @contextlib.contextmanager
-  def temporary(self) -> Iterator['Scope']:
+  def temporary(self) -> Iterator[Scope]:
     """This scope, invalidated when the ``with`` block ends (as Flax's).
 
     Examples:
@@ -204,7 +204,7 @@ class Scope:
     if self.invalid:
       raise errors.InvalidScopeError(self.path_text)
 
-  def rewound(self, rewind_rngs: bool = False) -> 'Scope':
+  def rewound(self, rewind_rngs: bool = False) -> Scope:
     """A copy with no name reservations (and, optionally, rng counters reset)."""
     self._check_valid()
     scope = Scope(self._variables, self.rngs, self.name, self.mutable,
@@ -237,7 +237,7 @@ class Scope:
       i += 1
     return f'{prefix}{i}'
 
-  def push(self, name: str | None = None, prefix: str = '', reuse: bool = False) -> 'Scope':
+  def push(self, name: str | None = None, prefix: str = '', reuse: bool = False) -> Scope:
     """Creates the child scope ``name`` (``reuse=True`` returns an existing one)."""
     self._check_valid()
     if name is None:

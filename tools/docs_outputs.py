@@ -1,7 +1,8 @@
 """Writes each guide's output blocks: what its python blocks print, as the docs test runs them.
 
 After a python block that prints, a ```text title="Output"``` block holds the printed
-text; `tests/test_docs.py` checks that the two agree. Run from the repository root after
+text (an untitled ```text block right after it is taken for its output and replaced);
+`tests/test_docs.py` checks that the two agree. Run from the repository root after
 changing a guide's code:
 
     .venv/bin/python tools/docs_outputs.py                   # every guide
@@ -21,7 +22,18 @@ from tests.test_docs import GUIDES, OUTPUT_INFO, run_page  # noqa: E402
 
 
 def rewrite(page: pathlib.Path) -> int:
-  """Puts each block's printed text after it (replacing an old output block); how many."""
+  """Puts each block's printed text after it; how many. Messages that quote the page's
+  own line numbers move with the inserted blocks, so it runs until nothing changes."""
+  for _ in range(3):
+    before = page.read_text()
+    written = _rewrite_once(page)
+    if page.read_text() == before:
+      break
+  return written
+
+
+def _rewrite_once(page: pathlib.Path) -> int:
+  """Puts each block's printed text after it, replacing an old output block; how many."""
   module = types.ModuleType(f'docs_{page.stem.replace("-", "_")}')
   sys.modules[module.__name__] = module
   here = os.getcwd()

@@ -29,7 +29,8 @@ from __future__ import annotations
 import argparse
 import functools
 import time
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable
 
 import flax.linen as flax_nn
 import jax

@@ -25,7 +25,6 @@ from typing import Any
 
 import flax.linen as flax_nn
 import jax
-import jax.numpy as jnp
 from _transformer import Block, Config, FlaxBlock, block, init_params, mean_square
 
 import linen_ext as nn

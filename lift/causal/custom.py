@@ -8,7 +8,8 @@ the original's; only `as_scan` looks at the author's rules.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

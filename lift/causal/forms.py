@@ -1,7 +1,8 @@
 """Building blocks for rules: common step forms and axis bookkeeping."""
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import jax
 from jax import lax

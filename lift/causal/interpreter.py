@@ -19,7 +19,8 @@ element of every stream).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
 
 import jax
 from jax import lax

@@ -1,7 +1,8 @@
 """Rules for call-like primitives and `scan`: recursion into inner jaxprs."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import jax
 from jax import lax

@@ -1,7 +1,8 @@
 """`check_scan`: the test oracle of `as_scan`, for rules and custom steps."""
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import jax
 from jax import lax

@@ -95,7 +95,7 @@ class _Built:
   """A flax module to bind under ``name``, after the field submodules flax bound before it."""
   module: flax_nn.Module
   name: str
-  children: tuple['_Built', ...]
+  children: tuple[_Built, ...]
 
   def bind(self, parent: flax_nn.Module) -> flax_nn.Module:
     """Binds the field submodules (if built beside it), then the module, under ``parent``;
@@ -256,7 +256,7 @@ def _capture_filter():
 
 
 def run_flax(scope: Scope, target: flax_nn.Module, method: str, args: tuple,
-             kwargs: dict, siblings: Sequence['FlaxModule'] = ()) -> Any:
+             kwargs: dict, siblings: Sequence[FlaxModule] = ()) -> Any:
   """Runs ``target.<method>(*args, **kwargs)`` as if it were a native module at ``scope``.
 
   ``siblings`` are the wrappers of ``target``'s field submodules, bound beside
@@ -382,11 +382,11 @@ def _run_flax_entry(root, method, scope: Scope, call: FlaxCall, base: tuple[str,
                     mutable=to_flax_filter(scope.mutable), capture_intermediates=capture)
 
 
-def _flatten(wrappers: Sequence['FlaxModule']) -> list['FlaxModule']:
+def _flatten(wrappers: Sequence[FlaxModule]) -> list[FlaxModule]:
   return [w for wrapper in wrappers for w in (*_flatten(wrapper.siblings), wrapper)]
 
 
-def _built(wrappers: Sequence['FlaxModule']) -> tuple[_Built, ...]:
+def _built(wrappers: Sequence[FlaxModule]) -> tuple[_Built, ...]:
   return tuple(_Built(w.module, cast(str, w.name), _built(w.siblings))  # named: bound
                for w in wrappers)
 
@@ -430,7 +430,7 @@ class FlaxModule(Module):
     ('FlaxModule', 'Dense')
   """
   module: flax_nn.Module
-  siblings: tuple['FlaxModule', ...] = ()
+  siblings: tuple[FlaxModule, ...] = ()
   _summary_role: ClassVar[str] = 'flax'
   _wraps_foreign_modules: ClassVar[bool] = False  # it runs the flax module it holds
 

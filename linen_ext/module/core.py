@@ -363,14 +363,18 @@ class Module(VariablesMixin, EntryMixin, _DataclassBase):
 
   # -- copies -----------------------------------------------------------------
 
-  def clone(self: M, *, parent: Any = None, _deep_clone: bool | dict = False,
-            _reset_names: bool = False, **updates) -> M:
+  def clone(self: M, *, parent: Any = None, **updates) -> M:
     """A copy with the same fields (and ``updates``); by default detached (``parent=None``).
+
+    Flax's private options are taken among ``updates``: ``_deep_clone`` (True, or a
+    cache dict) copies the modules held by fields too, ``_reset_names`` unnames them.
 
     Examples:
       >>> nn.Dense(3).clone(features=4).features
       4
     """
+    _deep_clone: bool | dict = updates.pop('_deep_clone', False)
+    _reset_names: bool = updates.pop('_reset_names', False)
     attrs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
     attrs.update(parent=parent, **updates)
     if _deep_clone is not False:

@@ -30,13 +30,13 @@ class ModuleState:
     self.in_compact_method = False
     self.autoname_cursor = {}
 
-  def export(self) -> 'ModuleState':
+  def export(self) -> ModuleState:
     """The state a clone inside a lifted transform starts from."""
     setup = SetupState.TRANSFORMED if self.setup_called else SetupState.NEW
     return ModuleState(self.in_setup, self.in_compact_method, setup,
                        self.is_initialized, dict(self.autoname_cursor))
 
-  def reimport(self, other: 'ModuleState'):
+  def reimport(self, other: ModuleState):
     """Takes back what the clone inside a transform changed (names handed out)."""
     self.in_setup, self.in_compact_method = other.in_setup, other.in_compact_method
     self.is_initialized = other.is_initialized

@@ -17,7 +17,6 @@ import lift
 from lift.causal import ScanCarry
 from linen_ext import errors
 
-from linen_ext import errors
 from linen_ext.module.core import Module
 
 

@@ -332,7 +332,7 @@ class ModuleProxy:
     return module
 
   @classmethod
-  def of(cls, module: Module, module_cls: type | None) -> 'ModuleProxy':
+  def of(cls, module: Module, module_cls: type | None) -> ModuleProxy:
     # Interceptors and the capture filter act while tracing: a trace made without them
     # would hide calls from them (tabulate) or skip the intermediates they ask for.
     key = lambda fns: tuple(f if _hashable(f) else _Identity(f) for f in fns)

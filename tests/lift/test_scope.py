@@ -372,7 +372,7 @@ SCOPE_METHODS = ['param', 'variable', 'make_rng', 'has_rng', 'push', 'child', 'r
 
 @pytest.mark.parametrize('name', LIFT_NAMES + [f'Scope.{m}' for m in SCOPE_METHODS])
 def test_signature_takes_flax_parameters_in_flax_order_with_flax_defaults(name):
-  get = lambda root: getattr(getattr(root, 'Scope'), name[6:]) if '.' in name else getattr(root, name)
+  get = lambda root: getattr(root.Scope, name[6:]) if '.' in name else getattr(root, name)
   ours = inspect.signature(get(lift)).parameters
   theirs = inspect.signature(get(flax.core.scope) if '.' in name else
                              getattr(flax_lift, name, None) or get(flax.core)).parameters

@@ -8,7 +8,8 @@ that raises an error does so to check something else (a behaviour, Flax parity o
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import flax.core
 import flax.linen
