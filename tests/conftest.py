@@ -63,7 +63,8 @@ def pytest_configure(config):
 
 # Files of long tests (child processes, the main job, the docs site, mypy), run first: with
 # pytest-xdist a long test collected last keeps one worker busy after the other is done.
-LONG_FIRST = ("test_scale_out.py", "test_pipeline_multidevice.py", "test_train_lm.py",
+LONG_FIRST = ("test_python_versions.py", "test_scale_out.py", "test_pipeline_multidevice.py",
+              "test_train_lm.py",
               "test_docs.py", "test_type_check.py", "test_threads.py",
               "test_shard_map_multidevice.py", "test_benchmark_scripts.py")
 
