@@ -27,3 +27,12 @@ def test_trace_time_prints_the_ratio_table_and_writes_a_png(tmp_path):
   assert run.returncode == 0, run.stdout + run.stderr
   assert all(word in run.stdout for word in ('linen_ext', 'train step', '(1.00x)'))
   assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_init_trace_prints_ours_over_flax():
+  run = subprocess.run(
+      [sys.executable, str(BENCHMARKS / 'init_trace.py'), '--layers', '2', '--d-model', '32',
+       '--heads', '2', '--repeats', '1'],
+      capture_output=True, text=True, check=False)
+  assert run.returncode == 0, run.stdout + run.stderr
+  assert all(word in run.stdout for word in ('ours / Flax', 'init', 'apply'))
