@@ -427,6 +427,8 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
          metadata_params: Mapping[Any, Any] = {},  # noqa: B006 (Flax's defaults)
          check_constancy_invariants: bool = True, remat: Any = False,
          _draw_once: Filter = False, _name: str = 'scan') -> Callable[..., Any]:
+  # Private: _split_transpose as lax.scan's; _draw_once, streams that draw in the loop what
+  # the pre-pass draws (as vmap); _name, what the loop is in messages and scope paths.
   """Lifted ``lax.scan`` of ``fn(scope, carry, *xs) -> (carry, ys)``.
 
   Args:
@@ -438,10 +440,10 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
     variable_broadcast: collections every step shares. What a step writes to
       them (parameters created at init) is computed once, before the loop; it
       must not depend on the carry, the scanned inputs or a split stream.
-    variable_carry: collections carried from step to step, like ``carry``; if
-      the step creates them, it first runs once on its own (as the unrolled loop).
+    variable_carry: collections carried from step to step, like ``carry`` (a step
+      that creates them first runs once on its own, as the unrolled loop).
     split_rngs: ``{stream filter: bool}``; step ``i`` of a split stream draws from
-      ``split(key, length)[i]``. Streams matched by no filter are unavailable inside.
+      ``split(key, length)[i]``; streams no filter matches are unavailable inside.
     in_axes: axis of each ``xs`` leaf (a tree prefix); ``lift.broadcast`` (or
       None) passes an input whole to every step. Keyword arguments too.
     out_axes: axis of each ``ys`` leaf; ``lift.broadcast`` (or None) returns
@@ -449,16 +451,12 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
     length: number of steps; inferred from the scanned inputs and variables.
     reverse: as ``lax.scan``'s: the steps run from the last to the first.
     unroll: as ``lax.scan``'s: steps per loop iteration.
-    _split_transpose: as ``lax.scan``'s (an experimental backward-pass layout).
     data_transform: ``(variable_groups, rng_groups) -> (variable_groups,
       rng_groups)`` applied inside each step before the scope is rebuilt.
     metadata_params: passed to the ``AxisMetadata`` boxes of scanned collections.
-    check_constancy_invariants: False draws Flax's keys for it (the first
-      trace's; one trace where nothing is created); the check runs either way.
-    remat: checkpoint policy of each step: anything
-      ``lift.loops.resolve_remat`` accepts (False, True, 'nested', ...).
-    _draw_once: streams that draw in the loop what the pre-pass draws (as ``vmap``).
-    _name: what the loop is, in error messages and scope paths (``nn.Stacked(Block)``).
+    check_constancy_invariants: False draws Flax's keys for it (one trace where
+      nothing is created); the check runs either way.
+    remat: each step's checkpoint policy, as ``lift.loops.resolve_remat`` takes it.
 
   Not for loops of unknown length: use ``while_loop``.
 
@@ -478,8 +476,8 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
       axes, splits, check_axis_leaves('scan', 'in_axes', in_axes, is_unmapped, 'lift.broadcast'),
       check_axis_leaves('scan', 'out_axes', out_axes, is_unmapped, 'lift.broadcast'),
       check_size('scan', 'length', length), dict(metadata_params), reverse, unroll,
-      data_transform, remat, _split_transpose, _draw_once if check_constancy_invariants else True,
-      _name)
+      data_transform, remat, _split_transpose,
+      _draw_once if check_constancy_invariants else True, _name)
   return build_scan(fn, variable_broadcast, variable_carry, split_rngs, config)
 
 

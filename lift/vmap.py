@@ -73,6 +73,7 @@ def vmap(fn: Callable[..., Any], variable_axes: Mapping[Filter, int | None],
          spmd_axis_name: Any = None,
          metadata_params: Mapping[Any, Any] = {},  # noqa: B006 (Flax's default)
          _name: str = 'vmap') -> Callable[..., Any]:
+  # Private: _name, what the map is in messages and scope paths (``nn.Stacked(Block)``).
   """Lifted ``jax.vmap`` of ``fn(scope, *args)``.
 
   Args:
@@ -95,7 +96,6 @@ def vmap(fn: Callable[..., Any], variable_axes: Mapping[Filter, int | None],
     spmd_axis_name: as ``jax.vmap``.
     metadata_params: passed to ``add_axis``/``remove_axis`` of the
       ``flax.core.meta.AxisMetadata`` boxes of mapped collections.
-    _name: what the map is, in error messages and scope paths (``nn.Stacked(Block)``).
 
   Not for sharing weights across positions of one input: that is plain
   broadcasting, no transform needed.

@@ -3,11 +3,11 @@
 Files: `native` (`NativeLayer`: a layer with a `flax.linen` layer's fields that runs
 its code on our scopes), `ready_made` (``Dense``, ``LayerNorm``, ... native), `cells`
 (``LSTMCell``, ``GRUCell``, ... native), `flax_layer` (`FlaxLayer`, which runs a
-flax layer through the adapter instead), `flax_adapter`
-(``from_flax`` and the machinery it shares with them), `weight_norms` (``WeightNorm``,
-``SpectralNorm``), `recurrent` (``RNN``, ``Bidirectional``).
+flax layer through the adapter instead), `flax_module` (``from_flax``, ``FlaxModule``),
+`flax_adapter` (``run_flax``: how both run flax modules on our scopes), `weight_norms`
+(``WeightNorm``, ``SpectralNorm``), `recurrent` (``RNN``, ``Bidirectional``).
 """
-from linen_ext.layers.flax_adapter import FlaxModule, from_flax
+from linen_ext.layers.flax_module import FlaxModule, from_flax
 from linen_ext.layers.cells import (ConvLSTMCell, GRUCell, LSTMCell, MGUCell,
                                          OptimizedLSTMCell, SimpleCell)
 from linen_ext.layers.flax_layer import FlaxLayer

@@ -1,4 +1,4 @@
-"""Running a `flax.linen` module inside a `linen_ext` module: `from_flax`, `FlaxModule`.
+"""`run_flax`: a `flax.linen` module run at one of our scopes (by `FlaxModule`, `FlaxLayer`).
 
 A flax module at our scope ``S`` (path ``p``) runs through flax's own
 ``init_with_output``/``apply`` on a small flax tree that places it at ``p``:
@@ -50,13 +50,9 @@ from lift.filters import DenyList, Filter, union_filters
 from lift.rng import RngCounters
 from lift.scope import Scope, copy_structure
 
-from linen_ext import errors
 
 from linen_ext.module import named_call
 from linen_ext.module.state import context
-from linen_ext.module.method_wrapping import nowrap
-from linen_ext.module.core import Module
-from linen_ext.module.foreign import FOREIGN_MODULES, inline_adoption
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +97,7 @@ class _Built:
     """Binds the field submodules (if built beside it), then the module, under ``parent``;
     unbound field submodules are adopted by the module, as in ``setup``."""
     children = iter([child.bind(parent) for child in self.children])
-    fields = _map_flax_children(self.module, lambda _: next(children)) if self.children else {}
+    fields = map_flax_children(self.module, lambda _: next(children)) if self.children else {}
     return self.module.clone(parent=parent, name=self.name, **fields)
 
 
@@ -143,7 +139,7 @@ class _Path(flax_nn.Module):
     return _Group(name=head)(call)
 
 
-def _map_flax_children(module: flax_nn.Module, fn) -> dict[str, Any]:
+def map_flax_children(module: flax_nn.Module, fn) -> dict[str, Any]:
   """The fields of ``module`` holding flax modules, each such module replaced by ``fn(it)``.
 
   Nested lists, tuples and dicts are walked in order (flax's ``Sequential`` layers).
@@ -256,11 +252,11 @@ def _capture_filter():
 
 
 def run_flax(scope: Scope, target: flax_nn.Module, method: str, args: tuple,
-             kwargs: dict, siblings: Sequence[FlaxModule] = ()) -> Any:
+             kwargs: dict, siblings: Sequence[Any] = ()) -> Any:
   """Runs ``target.<method>(*args, **kwargs)`` as if it were a native module at ``scope``.
 
-  ``siblings`` are the wrappers of ``target``'s field submodules, bound beside
-  it; flax then runs at the caller's path and binds them there.
+  ``siblings`` are the wrappers (`FlaxModule`) of ``target``'s field submodules,
+  bound beside it; flax then runs at the caller's path and binds them there.
 
   >>> y = run_flax(scope, flax.linen.Dense(3), '__call__', (x,), {})
   """
@@ -382,11 +378,11 @@ def _run_flax_entry(root, method, scope: Scope, call: FlaxCall, base: tuple[str,
                     mutable=to_flax_filter(scope.mutable), capture_intermediates=capture)
 
 
-def _flatten(wrappers: Sequence[FlaxModule]) -> list[FlaxModule]:
+def _flatten(wrappers: Sequence[Any]) -> list[Any]:
   return [w for wrapper in wrappers for w in (*_flatten(wrapper.siblings), wrapper)]
 
 
-def _built(wrappers: Sequence[FlaxModule]) -> tuple[_Built, ...]:
+def _built(wrappers: Sequence[Any]) -> tuple[_Built, ...]:
   return tuple(_Built(w.module, cast(str, w.name), _built(w.siblings))  # named: bound
                for w in wrappers)
 
@@ -410,115 +406,3 @@ def _write(scope: Scope, members: Mapping[str, Scope] | None, col: str, tree: Ma
   for member, subtree in tree.items():
     for name, value in subtree.items():
       members[member].put_variable(col, name, value)
-
-
-class FlaxModule(Module):
-  """A `flax.linen` module instance used as a `linen_ext` submodule (see `from_flax`).
-
-  Its automatic name is the flax class's (``Dense_0``). The flax module's
-  fields and properties read through it (``wrapped.features``, a composite's
-  ``self.encoder.config`` in ``setup``), and its methods run as the flax
-  module's, bound at this module's place (``wrapped.attend(x)``).
-  ``siblings`` wrap the flax submodules that its fields hold, where flax binds
-  them: beside it, when it was made in a ``compact`` method. Not constructed
-  directly: `from_flax` makes one.
-
-  Examples:
-    >>> import flax.linen
-    >>> wrapped = nn.from_flax(flax.linen.Dense(2))
-    >>> type(wrapped).__name__, wrapped.autoname_prefix()
-    ('FlaxModule', 'Dense')
-  """
-  module: flax_nn.Module
-  siblings: tuple[FlaxModule, ...] = ()
-  _summary_role: ClassVar[str] = 'flax'
-  _wraps_foreign_modules: ClassVar[bool] = False  # it runs the flax module it holds
-
-  @nowrap
-  def autoname_prefix(self) -> str:
-    return type(self.module).__name__
-
-  def _capture(self, method_name, y):
-    del method_name, y  # flax captures the wrapped module's own intermediates
-
-  def _named_scope(self, method_name):
-    del method_name  # flax names the module's calls (and its submodules') itself
-    return contextlib.nullcontext()
-
-  def __call__(self, *args, **kwargs):
-    scope = self._bound_scope(f'Calling flax `{type(self.module).__name__}`')
-    return run_flax(scope, self.module, '__call__', args, kwargs, self.siblings)
-
-  def __getattr__(self, name: str) -> Any:
-    """The flax module's field, property or method ``name`` (methods run bound, as ours)."""
-    module = self.__dict__.get('module')
-    if module is None or name.startswith('__') or not hasattr(module, name):
-      return super().__getattr__(name)
-    if _is_method(type(module), name):
-      return functools.partial(self.call_method, name)
-    return getattr(module, name)
-
-  def call_method(self, method: str, *args, **kwargs):
-    """Runs another method of the flax module.
-
-    Examples:
-      >>> import flax.linen
-      >>> embed = nn.from_flax(flax.linen.Embed(5, 3))
-      >>> variables = embed.init(jax.random.key(0), jnp.array([[0, 4]]))
-      >>> attend = lambda m, q: m.call_method('attend', q)
-      >>> embed.apply(variables, jnp.ones((1, 3)), method=attend).shape
-      (1, 5)
-    """
-    scope = self._bound_scope(f'Calling flax `{type(self.module).__name__}.{method}`')
-    return run_flax(scope, self.module, method, args, kwargs, self.siblings)
-
-
-def _is_method(cls: type, name: str) -> bool:
-  """Whether ``cls.name`` is a method (flax wraps them; properties and fields are read)."""
-  attr = next((vars(k)[name] for k in cls.__mro__ if name in vars(k)), None)
-  return callable(attr) and not isinstance(attr, (type, staticmethod, classmethod, property))
-
-
-def from_flax(module: flax_nn.Module, *, name: str | None = None) -> FlaxModule:
-  """Wraps a `flax.linen` module instance as a submodule of the current module.
-
-  Variables, rng keys and mutable collections are those of the same module in
-  a native flax model at the same path. Flax modules held by its fields (an
-  ``RNN``'s cell, ``Sequential``'s layers) sit where flax puts them: beside it
-  (``LSTMCell_0``, ``RNN_0``) in a ``compact`` method, under it (``rnn/cell``)
-  in ``setup``. Optional for a flax module made in a method of ours: it is
-  adopted as flax adopts it, as if wrapped where it was made. Not needed for the
-  ready-made layers (`nn.Dense`, `nn.LSTMCell`, ...): they take flax's
-  arguments natively.
-
-  Examples:
-    >>> import flax.linen
-    >>> class Model(nn.Module):
-    ...   @nn.compact
-    ...   def __call__(self, x):
-    ...     return nn.from_flax(flax.linen.Dense(3))(x)
-    >>> list(Model().init(jax.random.key(0), jnp.ones((1, 2)))['params'])   # flax's name
-    ['Dense_0']
-  """
-  if not isinstance(module, flax_nn.Module):
-    raise errors.FlaxAdapterError(module)
-  adoption = inline_adoption(module)
-  if adoption is not None:  # made in a compact method of ours: wrapped once, there
-    if adoption.wrapper is None:
-      owner = adoption.owner()
-      adoption.wrapper = _wrap(module, name or adoption.name, owner)
-    return adoption.wrapper
-  return _wrap(module, name or module.name, context.module_stack[-1])
-
-
-def _wrap(module: flax_nn.Module, name: str | None, parent: Module | None) -> FlaxModule:
-  """``module`` wrapped as a submodule of ``parent`` (detached where it is None)."""
-  module = module.clone(parent=None, name=None)
-  siblings: list[FlaxModule] = []
-  if parent is not None and parent._state.in_compact_method and not parent._state.in_setup:
-    # flax binds a module made in a compact method to that method's module at once.
-    _map_flax_children(module, lambda sub: siblings.append(from_flax(sub)))
-  return FlaxModule(module, tuple(siblings), name=name, parent=parent)
-
-
-FOREIGN_MODULES[flax_nn.Module] = from_flax  # a flax module held by a Module is wrapped

@@ -1,16 +1,13 @@
 """`Module`: a dataclass whose methods run against a `lift.Scope`.
 
-A module instance is a configuration (its dataclass fields) plus, once bound,
-a scope. Binding happens in three ways, as in Flax:
-
-* ``parent=scope``: the module is the top of an ``init``/``apply`` call;
-* created while a parent module's ``setup`` or ``@compact`` method runs: the
-  module is named (given name, attribute name, or ``ClassName_N``) and bound to
-  ``parent.scope.push(name)``;
-* passed in from outside (``parent=None``) as a field or setup attribute: it is
-  cloned and adopted under the attribute name (under its own name, if it has
-  one, where the class sets ``preserve_adopted_names = True`` or Flax's config
-  flag ``flax_preserve_adopted_names`` is on).
+A module instance is a configuration (its dataclass fields) plus, once bound, a
+scope. Binding happens in three ways, as in Flax: ``parent=scope`` makes the module
+the top of an ``init``/``apply`` call; created while a parent module's ``setup`` or
+``@compact`` method runs, it is named (given name, attribute name, or
+``ClassName_N``) and bound to ``parent.scope.push(name)``; passed in from outside
+(``parent=None``) as a field or setup attribute, it is cloned and adopted under the
+attribute name (its own name, where the class sets ``preserve_adopted_names = True``
+or Flax's config flag ``flax_preserve_adopted_names`` is on).
 
 Every method a subclass defines, private ones included, is wrapped (as in
 Flax) so that ``setup`` runs lazily before it and a ``@compact`` method gets
@@ -40,9 +37,8 @@ from linen_ext import errors
 
 from linen_ext.module import named_call
 from linen_ext.module.state import UNINITIALIZED, ModuleState, SetupState, context
-from linen_ext.module.foreign import (FOREIGN_MODULES, flax_errors_as_ours, flax_module_stack,
-                                      inline_parent, is_flax_scope, scope_over_flax_scope,
-                                      wrap_foreign_modules)
+from linen_ext.module.foreign import (FOREIGN_MODULES, FlaxContext, is_flax_scope,
+                                      scope_over_flax_scope, wrap_foreign_modules)
 from linen_ext.module.interception import run_intercepted
 from linen_ext.module.method_wrapping import compact, fn_name, wrap_method
 from linen_ext.describe import module_repr
@@ -298,11 +294,9 @@ class Module(VariablesMixin, EntryMixin, _DataclassBase):
                                         f'Calling @compact method "{fn_name(fun)}"')
       recurrent, state.in_compact_method = state.in_compact_method, True
     context.module_stack.append(self)
-    flax_stack = flax_module_stack()  # flax modules made in the method are adopted
-    flax_stack.append(inline_parent(state.in_setup))
     try:
       with self._named_scope(fn_name(fun)), \
-          flax_errors_as_ours(type(self).__name__, fn_name(fun)):
+          FlaxContext(type(self).__name__, fn_name(fun), state.in_setup):
         if context.interceptors:
           y = run_intercepted(fun, self, fn_name(fun), args, kwargs)
         else:
@@ -311,7 +305,6 @@ class Module(VariablesMixin, EntryMixin, _DataclassBase):
       return y
     finally:
       context.module_stack.pop()
-      flax_stack.pop()
       if is_compact:
         assert self.scope is not None, 'checked before the call'
         object.__setattr__(self, 'scope', self.scope.rewound())
@@ -366,8 +359,7 @@ class Module(VariablesMixin, EntryMixin, _DataclassBase):
   def clone(self: M, *, parent: Any = None, **updates) -> M:
     """A copy with the same fields (and ``updates``); by default detached (``parent=None``).
 
-    Flax's private options are taken among ``updates``: ``_deep_clone`` (True, or a
-    cache dict) copies the modules held by fields too, ``_reset_names`` unnames them.
+    ``updates`` may hold Flax's private ``_deep_clone`` (copy field modules too), ``_reset_names``.
 
     Examples:
       >>> nn.Dense(3).clone(features=4).features

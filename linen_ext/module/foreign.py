@@ -15,11 +15,10 @@ alone until assigned to an attribute, as flax leaves them.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as flax_nn
@@ -200,17 +199,24 @@ def scope_over_flax_scope(flax_scope: Any, cls_name: str) -> Scope:
                path=flax_scope.path, flags=flax_scope.flags)
 
 
-@contextlib.contextmanager
-def flax_errors_as_ours(cls_name: str, method: str) -> Iterator[None]:
-  """Flax's unbound-module error for a flax module that nothing adopted, as ours."""
-  try:
-    yield
-  except flax_errors.CallCompactUnboundModuleError as e:
-    if isinstance(e, errors.ModuleError):  # ours, from a method called inside
-      raise
-    raise errors.FlaxModuleCalledInlineError(cls_name, method) from e
+class FlaxContext:
+  """Where a method of ours runs, for flax: the inline parent on flax's module stack (flax
+  modules made in the method are adopted by the module), and flax's unbound-module error
+  for a flax module nothing adopted turned into ours. A class: one per method call."""
+
+  def __init__(self, cls_name: str, method: str, in_setup: bool):
+    self.cls_name, self.method, self.in_setup = cls_name, method, in_setup
+
+  def __enter__(self) -> None:
+    flax_module_stack().append(inline_parent(self.in_setup))
+
+  def __exit__(self, kind, error, traceback) -> None:
+    flax_module_stack().pop()
+    if (isinstance(error, flax_errors.CallCompactUnboundModuleError)
+        and not isinstance(error, errors.ModuleError)):  # ours, from a method called inside
+      raise errors.FlaxModuleCalledInlineError(self.cls_name, self.method) from error
 
 
-__all__ = ['FOREIGN_CLASSES', 'FOREIGN_MODULES', 'InlineAdoption', 'flax_errors_as_ours', 'flax_module_stack',
-           'inline_adoption', 'inline_parent', 'is_flax_scope', 'our_class', 'scope_over_flax_scope',
-           'wrap_foreign_modules']
+__all__ = ['FOREIGN_CLASSES', 'FOREIGN_MODULES', 'FlaxContext', 'InlineAdoption',
+           'flax_module_stack', 'inline_adoption', 'inline_parent', 'is_flax_scope', 'our_class',
+           'scope_over_flax_scope', 'wrap_foreign_modules']

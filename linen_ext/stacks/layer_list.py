@@ -262,8 +262,8 @@ def scan_layers(layers: Sequence[Module], x: Any, *args, remat: Any = False, **k
     layers: the bound submodules, all of one class with equal fields and
       variables of equal names, shapes and dtypes.
     x: the carry; each layer returns the next one (same shapes).
-    *args (Any): go whole to every layer; `per_layer` values row by row.
-    **kwargs (Any): as ``*args``.
+    *args (Any): go whole to every layer (keyword arguments too); `per_layer`
+      values row by row.
     remat: checkpoint policy of each layer, as `lift.loops.run_scan`.
 
   A module shared by the layers (a field of each, bound outside them) is

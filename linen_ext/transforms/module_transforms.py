@@ -134,10 +134,8 @@ def _cached_class(spec: TransformSpec, target: Any, methods: Any, options: dict)
 
 def apply_spec(spec: TransformSpec, target: Target, options: dict,
                methods: Any = None) -> Target:
-  """Applies ``spec`` to a Module class (a new class) or a method (a decorated method).
-
-  A `flax.linen` class is transformed as the `FlaxLayer` class standing for it.
-  """
+  """Applies ``spec`` to a Module class (a new class) or a method (a decorated method); a
+  `flax.linen` class is transformed as the `FlaxLayer` class standing for it."""
   if inspect.isclass(target):
     target = cast(Target, our_class(target))
   foreign = isinstance(target, tuple(FOREIGN_MODULES))  # a flax.linen module instance
@@ -259,12 +257,12 @@ def _map_variables_options(transform: str, fn: Callable[..., Any], options: dict
   return options
 
 
-VMAP = TransformSpec('vmap', lift_vmap)
 def _scan_options(transform: str, fn: Callable[..., Any], options: dict) -> dict:
   # The loop names the user's method in messages and paths: nn.scan(Cell.__call__).
   return {**options, '_name': f'nn.{transform}({fn.__qualname__})'}
 
 
+VMAP = TransformSpec('vmap', lift_vmap)
 SCAN = TransformSpec('scan', lift_scan, adapt=_scan_options)
 CHECKPOINT = TransformSpec('checkpoint', lift_checkpoint, adapt=_checkpoint_options)
 JIT = TransformSpec('jit', lift_jit, cached=True, adapt=_jit_options)
