@@ -418,6 +418,8 @@ def build_scan(fn: Callable[..., Any], variable_broadcast: Filter, variable_carr
               shared + config.variable_axes.out_filters, rng_filters, name=config.name)
 
 
+# Private parameters: _split_transpose as lax.scan's; _draw_once, streams that draw in the loop
+# what the pre-pass draws (as vmap); _name, what the loop is in messages and scope paths.
 def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # noqa: B006
          variable_broadcast: Filter = False, variable_carry: Filter = False,
          split_rngs: Mapping[Filter, bool] = {}, in_axes: Any = 0,  # noqa: B006
@@ -427,8 +429,6 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
          metadata_params: Mapping[Any, Any] = {},  # noqa: B006 (Flax's defaults)
          check_constancy_invariants: bool = True, remat: Any = False,
          _draw_once: Filter = False, _name: str = 'scan') -> Callable[..., Any]:
-  # Private: _split_transpose as lax.scan's; _draw_once, streams that draw in the loop what
-  # the pre-pass draws (as vmap); _name, what the loop is in messages and scope paths.
   """Lifted ``lax.scan`` of ``fn(scope, carry, *xs) -> (carry, ys)``.
 
   Args:

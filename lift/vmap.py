@@ -67,13 +67,13 @@ def _vmap_groups(fn, config: _VmapConfig, scope_fn, repack_fn, variable_groups,
   return y, add_group_axes(out_groups, out_axes, config.metadata_params)
 
 
+# Private parameter: _name, what the map is in messages and scope paths (nn.Stacked(Block)).
 def vmap(fn: Callable[..., Any], variable_axes: Mapping[Filter, int | None],
          split_rngs: Mapping[Filter, bool], in_axes: Any = 0, out_axes: Any = 0,
          axis_size: int | None = None, axis_name: Any = None,
          spmd_axis_name: Any = None,
          metadata_params: Mapping[Any, Any] = {},  # noqa: B006 (Flax's default)
          _name: str = 'vmap') -> Callable[..., Any]:
-  # Private: _name, what the map is in messages and scope paths (``nn.Stacked(Block)``).
   """Lifted ``jax.vmap`` of ``fn(scope, *args)``.
 
   Args:

@@ -307,8 +307,7 @@ def scan_layers(layers: Sequence[Module], x: Any, *args, remat: Any = False, **k
   counters = [layer._bound_scope('Calling scan_layers').rng_counters for layer in layers]
   shared = _shared_modules(layers[0])
   core = functools.partial(_loop_groups, layers[0], shared, layer_args, remat, counters)
-  name = loop_name('scan_layers', type(layers[0]))  # paths inside are the first layer's
-  return pack(core, (True,), (True,), (True,), name=name)(
+  return pack(core, (True,), (True,), (True,), name=loop_name('scan_layers', type(layers[0])))(
       ([layer.scope for layer in layers], [module.scope for module in shared]), x)
 
 
