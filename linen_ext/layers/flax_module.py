@@ -111,7 +111,7 @@ def from_flax(module: flax_nn.Module, *, name: str | None = None) -> FlaxModule:
   if not isinstance(module, flax_nn.Module):
     raise errors.FlaxAdapterError(module)
   adoption = inline_adoption(module)
-  if adoption is not None:  # made in a compact method of ours: wrapped once, there
+  if adoption is not None:  # made in a method of ours: wrapped once, for its owner
     if adoption.wrapper is None:
       owner = adoption.owner()
       adoption.wrapper = _wrap(module, name or adoption.name, owner)

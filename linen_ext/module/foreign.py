@@ -76,8 +76,8 @@ def flax_module_stack() -> list[Any]:
 
 @dataclasses.dataclass
 class InlineAdoption:
-  """How a flax module made in a compact method of ``owner`` becomes its submodule."""
-  owner: weakref.ref  # the Module whose compact method made it
+  """How a flax module made in a method of ``owner`` becomes its submodule."""
+  owner: weakref.ref  # the Module whose method made it
   name: str | None  # the name it was given; None: the wrapper is named as ours are
   wrapper: Any = None  # its FlaxModule, made on first use
 
@@ -86,7 +86,7 @@ _ADOPTION = '_linen_ext_adoption'  # where a flax module made inline keeps its I
 
 
 def inline_adoption(module: Any) -> InlineAdoption | None:
-  """The adoption record of a flax module made in one of our compact methods, if it is one."""
+  """The adoption record of a flax module made in a method of ours, if it is one."""
   return module.__dict__.get(_ADOPTION)
 
 
