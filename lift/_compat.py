@@ -12,9 +12,15 @@ import numpy as _np
 from jax._src import traceback_util as _traceback_util
 
 
+# Folders of the packages whose frames are hidden: source locations skip them too.
+_LIBRARY_FOLDERS: list[str] = []
+
+
 def hide_from_tracebacks(package_file: str) -> None:
   """Hides a package's frames from user tracebacks, as JAX does for its own."""
-  _traceback_util.register_exclusion(_os.path.dirname(package_file))
+  folder = _os.path.dirname(package_file)
+  _traceback_util.register_exclusion(folder)
+  _LIBRARY_FOLDERS.append(folder + _os.sep)
 
 
 # --- as_scan (lift.causal): jaxpr types, primitives, custom-primitive hooks.
@@ -68,7 +74,13 @@ def evaluate_known(flat_fn, inputs: list, debug_info) -> list | None:
 
 
 def source_summary(eqn: JaxprEqn) -> str:
-  """`file.py:line (function)` of the user code that produced `eqn`."""
+  """`file.py:line:column (function)` of the user code that produced `eqn`: the
+  innermost frame outside JAX and the packages that hide their frames."""
+  folders = tuple(_LIBRARY_FOLDERS)
+  for frame in _source_info_util.user_frames(eqn.source_info.traceback):
+    if not frame.file_name.startswith(folders):
+      column = f":{frame.start_column}" if frame.start_column else ""
+      return f"{frame.file_name}:{frame.start_line}{column} ({frame.function_name})"
   return _source_info_util.summarize(eqn.source_info)
 
 

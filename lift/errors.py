@@ -51,6 +51,30 @@ class ScanConversionError(LiftError):
   """
 
 
+class CacheLengthError(LiftError, IndexError):
+  """A step derived by `as_scan` was called past the length its caches hold.
+
+  The caches of a derived step (attention's keys and values, tables read by
+  position) hold as many elements as `example_xs` (or `max_length`). Under `jit`,
+  where the step count is not known on the host, the outputs past that length are
+  NaN instead. Derive the step with a larger `max_length`; a model whose only
+  attention is a sliding window (ring caches) decodes without limit.
+
+  Examples:
+    >>> def attend(xs):  # [T, d]: each position averages itself and the earlier ones
+    ...   return (jnp.tril(jnp.ones((len(xs), len(xs)))) * (xs @ xs.T)) @ xs
+    >>> f, carry = lift.as_scan(attend, jnp.zeros((2, 3)))  # caches for 2 elements
+    >>> for _ in range(2):
+    ...   carry, y = f(carry, jnp.ones(3))
+    >>> try:
+    ...   f(carry, jnp.ones(3))
+    ... except CacheLengthError as e:
+    ...   print(str(e).splitlines()[0])
+    the derived step was called for element 2 (0-based), but its caches hold 2 ...
+  """
+
+
+
 def _path_text(path) -> str:
   """A scope's path as text; a string is already a scope's ``path_text``."""
   return path if isinstance(path, str) else '/' + '/'.join(path)

@@ -9,10 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lift import _compat
 from lift.causal import frames
 from lift.causal import interpreter
 from lift.causal.interpreter import NotCausal, Program, Stream
-from lift.errors import ScanConversionError
+from lift.errors import CacheLengthError, ScanConversionError
 
 INPUT_SHAPES = (
     "as_scan scans every leaf of example_xs along axis 0, so every leaf needs "
@@ -36,6 +37,16 @@ OUTPUT_PAIR = (
     "or contract the key-time axis behind a causal mask (softmax, weights @ values), "
     "or wrap the composite with @lift.custom_causal."
 )
+MAX_LENGTH = (
+    "max_length must be a positive int, at least the prefill's length ({prefill}); got "
+    "{got!r}. Fix: pass the number of elements the step must hold, prefill included."
+)
+PAST_CACHE = (
+    "the derived step was called for element {element} (0-based), but its caches hold "
+    "{capacity} elements (the length of example_xs, or max_length), and reading past them "
+    "would give wrong values. Fix: derive the step with max_length= at least the number "
+    "of elements you decode, prefill included."
+)
 OUTPUT_AXIS = (
     "output {index} of the function varies along axis {axis}, not axis 0; "
     "lax.scan stacks step outputs along axis 0. Fix: move the time axis to the "
@@ -56,7 +67,7 @@ class Prefilled(NamedTuple):
   out_prefill: Any
 
 
-def as_scan(g: Callable, example_xs: Any
+def as_scan(g: Callable, example_xs: Any, *, max_length: int | None = None
             ) -> tuple[Callable[[ScanCarry, Any], tuple[ScanCarry, Any]],
                        ScanCarry]:
   """Derives a scan step from a function that is causal along axis 0.
@@ -66,10 +77,18 @@ def as_scan(g: Callable, example_xs: Any
   use it on functions that look ahead in time: they raise
   `ScanConversionError`.
 
+  The step's caches hold the length of `example_xs` (or `max_length`) elements.
+  Calling it past them raises `CacheLengthError` when the step count is known
+  on the host (eager calls), and gives NaN outputs under `jit` or `lax.scan`
+  (integer outputs: their dtype's minimum). A step whose only caches are
+  sliding-window rings, or that keeps none, runs without limit.
+
   Args:
     g: maps a pytree of arrays, all of length T along axis 0, to a pytree of
       arrays of length T along axis 0.
     example_xs: arrays or `jax.ShapeDtypeStruct`s shaped like `g`'s input.
+    max_length: the number of elements the step holds, if not the length of
+      `example_xs`; `g` is traced at that length.
 
   Returns:
     `(f, carry_init)`; `f(carry, x) -> (carry, y)` takes one element.
@@ -80,12 +99,12 @@ def as_scan(g: Callable, example_xs: Any
     >>> jax.lax.scan(f, carry, xs)[1]
     Array([0., 1., 3., 6.], dtype=float32)
   """
-  converted = _convert(g, example_xs, prefill=None)
+  converted = _convert(g, example_xs, prefill=None, max_length=max_length)
   return converted.f, converted.carry
 
 
-def as_scan_with_prefill(g: Callable, example_xs: Any,
-                         prefill: Any) -> Prefilled:
+def as_scan_with_prefill(g: Callable, example_xs: Any, prefill: Any, *,
+                         max_length: int | None = None) -> Prefilled:
   """Like `as_scan`, but first consumes a known prefix in parallel.
 
   The prefill runs as one parallel call of `g`, then the step continues.
@@ -97,6 +116,7 @@ def as_scan_with_prefill(g: Callable, example_xs: Any,
     example_xs: shaped like the whole input, prefill and continuation
       (length P + T along axis 0).
     prefill: the first P elements of the input.
+    max_length: as for `as_scan`: the elements the step holds, prefill included.
 
   Returns:
     `Prefilled(f, carry, out_prefill)`: `out_prefill == g(prefill)` and
@@ -108,16 +128,21 @@ def as_scan_with_prefill(g: Callable, example_xs: Any,
     >>> out, f(carry, jnp.float32(3.0))[1]
     (Array([1., 3.], dtype=float32), Array(6., dtype=float32))
   """
-  return _convert(g, example_xs, prefill=prefill)
+  return _convert(g, example_xs, prefill=prefill, max_length=max_length)
 
 
-def _convert(g, example_xs, prefill) -> Prefilled:
+def _convert(g, example_xs, prefill, max_length) -> Prefilled:
   leaves, in_tree = jax.tree.flatten(example_xs)
   length = _input_length(leaves)
   prefix_leaves = _prefill_leaves(leaves, in_tree, length, prefill)
   offset = 0 if prefill is None else prefix_leaves[0].shape[0]
+  if max_length is not None:
+    if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < max(
+        offset, 1):
+      raise ScanConversionError(MAX_LENGTH.format(prefill=offset, got=max_length))
+    length = max_length
   shapes = jax.tree.unflatten(in_tree, [
-      jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in leaves])
+      jax.ShapeDtypeStruct((length, *np.shape(x)[1:]), x.dtype) for x in leaves])
   closed, out_shapes = jax.make_jaxpr(g, return_shape=True)(shapes)
   out_shapes, out_tree = jax.tree.flatten(out_shapes)
   _check_output_shapes(out_shapes, length)
@@ -129,7 +154,7 @@ def _convert(g, example_xs, prefill) -> Prefilled:
   outs = [out if isinstance(info, Stream) else out[:offset]
           for out, info in zip(outs, program.out_infos)]
   carry = ScanCarry(jnp.zeros((), jnp.int32), states)
-  f = functools.partial(_step, program, in_tree, out_tree, offset)
+  f = functools.partial(_step, program, in_tree, out_tree, offset, length)
   return Prefilled(f, carry, jax.tree.unflatten(out_tree, outs))
 
 
@@ -174,13 +199,34 @@ def _check_output_infos(program: Program) -> None:
       raise ScanConversionError(OUTPUT_AXIS.format(index=index, axis=info.axis))
 
 
-def _step(program: Program, in_tree, out_tree, offset: int,
+def _step(program: Program, in_tree, out_tree, offset: int, capacity: int,
           carry: ScanCarry, x: Any):
   leaves = in_tree.flatten_up_to(x)
-  states, outs = interpreter.run_step(program, carry.states, carry.step,
-                                      leaves)
-  outs = [out if isinstance(info, Stream)
-          else frames.step_slice(out, 0, carry.step + offset)
-          for out, info in zip(outs, program.out_infos)]
+  with frames.watching_positions() as reads:
+    states, outs = interpreter.run_step(program, carry.states, carry.step,
+                                        leaves)
+    outs = [out if isinstance(info, Stream)
+            else frames.step_slice(out, 0, carry.step + offset)
+            for out, info in zip(outs, program.out_infos)]
+  if reads.bounded:
+    outs = _within_capacity(outs, carry.step + offset, capacity)
   return (ScanCarry(carry.step + 1, states),
           jax.tree.unflatten(out_tree, outs))
+
+
+def _within_capacity(outs: list, element: jax.Array, capacity: int) -> list:
+  """The outputs, or an error past the caches: NaN where the step is traced."""
+  if not isinstance(element, _compat.Tracer):
+    if int(element) >= capacity:
+      raise CacheLengthError(PAST_CACHE.format(element=int(element), capacity=capacity))
+    return outs
+  inside = element < capacity
+  return [jnp.where(inside, out, _invalid(out.dtype)) for out in outs]
+
+
+def _invalid(dtype) -> Any:
+  if jnp.issubdtype(dtype, jnp.inexact):
+    return jnp.array(jnp.nan, dtype)
+  if jnp.issubdtype(dtype, jnp.integer):
+    return jnp.array(jnp.iinfo(dtype).min, dtype)
+  return jnp.zeros((), dtype)

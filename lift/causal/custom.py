@@ -184,6 +184,7 @@ def _author_form(layout: _Layout) -> StepForm:
   init = () if causal.init is None else causal.init(*layout.whole_shapes())
 
   def step(state, index, args):
+    frames.read_by_position()  # the author's state may hold the example's length
     state, outs = causal.step(state, index, *layout.at(args, index))
     return state, layout.out_tree.flatten_up_to(outs)
 
@@ -207,6 +208,7 @@ def _history_form(layout: _Layout, jaxpr) -> StepForm:
   fun = _compat.jaxpr_as_fun(jaxpr)
 
   def step(history, index, args):
+    frames.read_by_position()
     elements = jax.tree.leaves(layout.at(args, index))
     history = [jax.lax.dynamic_update_index_in_dim(h, x, index, axis)
                for h, x, axis in zip(history, elements, layout.axes)]

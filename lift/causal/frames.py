@@ -6,6 +6,9 @@ element `e + delay` into the same slot, touching one frame only.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -14,13 +17,48 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def step_slice(value: Any, axis: int, index: jax.Array) -> jax.Array:
+class PositionReads:
+  """Whether a step read a value by its position along time (a full-length cache, a
+  table of the example's length): such a step is right only below that length."""
+
+  def __init__(self):
+    self.bounded = False
+
+
+_watching = threading.local()
+
+
+@contextlib.contextmanager
+def watching_positions() -> Iterator[PositionReads]:
+  """Records, while a step runs, whether it reads anything by position."""
+  outer = getattr(_watching, "reads", None)
+  _watching.reads = reads = PositionReads()
+  try:
+    yield reads
+  finally:
+    _watching.reads = outer
+
+
+def read_by_position() -> None:
+  """Called by rules whose step reads or writes a full-length value at the step's
+  position: the step is then bounded by the example's length."""
+  reads = getattr(_watching, "reads", None)
+  if reads is not None:
+    reads.bounded = True
+
+
+def step_slice(value: Any, axis: int, index: jax.Array, *,
+               unused_past_end: bool = False) -> jax.Array:
   """Element `index` of an unscanned `value` along `axis`.
 
-  A size-1 axis broadcasts: its only element serves every step.
+  A size-1 axis broadcasts: its only element serves every step. With
+  `unused_past_end` the caller discards the element at indices past the value's
+  end, so the step is not bounded by it.
   """
   if np.shape(value)[axis] == 1:
     return lax.index_in_dim(value, 0, axis, keepdims=False)
+  if not unused_past_end:
+    read_by_position()
   return lax.dynamic_index_in_dim(value, index, axis, keepdims=False)
 
 

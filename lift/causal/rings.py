@@ -32,6 +32,8 @@ def from_prefix(aval: Any, prefix: jax.Array, axis: int, length: int,
 def write(cache: jax.Array, frame: jax.Array, index: jax.Array, axis: int,
           ring: int | None) -> jax.Array:
   """Stores element `index` of the stream."""
+  if ring is None:
+    frames.read_by_position()
   slot = index if ring is None else jnp.remainder(index, ring)
   return lax.dynamic_update_index_in_dim(cache, frame, slot, axis)
 
@@ -48,7 +50,30 @@ def key_row(value: jax.Array, axis: int, index: jax.Array, ring: int | None):
   """`value`'s entries along key axis `axis` in the ring's slot order."""
   if ring is None or value.shape[axis] == 1:
     return value
+  frames.read_by_position()
   return jnp.take(value, positions(index, ring), axis=axis)
+
+
+def by_distance(array: np.ndarray, query: int, key: int, ring: int) -> np.ndarray | None:
+  """A known mask's row entries by distance `query - key`, in `[-1, ring)`, when they
+  depend on that distance alone (a band mask), so rows past the array's length are known
+  too; None otherwise. The query axis is removed, the key axis holds the `ring + 1`
+  distances (-1: a key after the query, how slots not written yet read)."""
+  moved = np.moveaxis(array, (query, key), (0, 1))
+  if min(moved.shape[:2]) <= ring:
+    return None
+  table = []
+  for distance in range(-1, ring):
+    diagonal = np.diagonal(moved, -distance, 0, 1)
+    if not np.all(diagonal == diagonal[..., :1]):
+      return None
+    table.append(diagonal[..., 0])
+  return np.moveaxis(np.stack(table, axis=-1), -1, key - (key > query))
+
+
+def distance_row(table: np.ndarray, axis: int, index: jax.Array, ring: int) -> jax.Array:
+  """The row at query `index` of a mask given `by_distance`, in the ring's slot order."""
+  return jnp.take(table, index - positions(index, ring) + 1, axis=axis)
 
 
 def compact(value: Any) -> Any:

@@ -30,6 +30,12 @@ SCAN_MIXED_AXES = (
     "the scan runs along the scan axis for some xs but xs {index} varies "
     "along axis {axis}; put the time axis of every xs at axis 0."
 )
+SCAN_OVER_PAIR = (
+    "operand {index} of the scan over time has two time axes (from {origin}); a scan "
+    "along time steps one element at a time and cannot carry a value pairing every "
+    "element with every other. Fix: reduce or contract the key-time axis before the "
+    "scan, or pass the operands the value is built from instead."
+)
 CARRY_AXIS = (
     "carry {index} enters the loop as {before} and leaves it as {after}; "
     "the scan axis of a carry must stay where it is across iterations."
@@ -40,6 +46,28 @@ def _jaxpr_and_consts(closed) -> tuple[Any, Sequence[Any]]:
   if isinstance(closed, _compat.ClosedJaxpr):
     return closed.jaxpr, closed.consts
   return closed, ()
+
+
+def inner_info(op) -> interpreter.Info:
+  """What an operand is inside an inner jaxpr it is passed to whole."""
+  return op.stream if op.pair is None else op.pair
+
+
+def _row_info(eqn: Eqn, index: int) -> interpreter.Info:
+  """What one row (along axis 0) of an xs operand of a scan over layers is."""
+  op = eqn.operands[index]
+  if op.pair is not None:
+    return op.pair._replace(axes=tuple(a - 1 for a in op.pair.axes))
+  return None if op.stream is None else Stream(op.axis - 1, eqn.offset)
+
+
+def _stacked_info(info: interpreter.Info) -> interpreter.Info:
+  """What a scan over layers' stacked output is, from one row's info."""
+  if isinstance(info, Stream):
+    return Stream(info.axis + 1, info.offset)
+  if hasattr(info, "link"):  # two time axes
+    return info._replace(axes=tuple(a + 1 for a in info.axes))
+  return info
 
 
 def program_form(eqn: Eqn, program: interpreter.Program) -> StepForm:
@@ -60,8 +88,7 @@ def call_rule(param: str):
   def rule(eqn: Eqn, **params) -> StepForm:
     jaxpr, consts = _jaxpr_and_consts(params[param])
     program = interpreter.convert(
-        jaxpr, consts, [op.stream if op.pair is None else op.pair
-                        for op in eqn.operands],
+        jaxpr, consts, [inner_info(op) for op in eqn.operands],
         [op.known for op in eqn.operands], where=eqn.where)
     return program_form(eqn, program)
 
@@ -71,7 +98,7 @@ def call_rule(param: str):
 def scan_rule(eqn: Eqn, *, jaxpr, num_consts, num_carry, **params):
   """`scan` along time steps once per element; other scans run whole."""
   xs = eqn.operands[num_consts + num_carry:]
-  if any(op.axis == 0 for op in xs):
+  if any(op.axis == 0 or (op.pair is not None and 0 in op.pair.axes) for op in xs):
     return _scan_along_time(eqn, jaxpr, num_consts, num_carry, **params)
   return _scan_per_element(eqn, jaxpr, num_consts, num_carry, **params)
 
@@ -87,6 +114,8 @@ def _scan_along_time(eqn: Eqn, jaxpr, num_consts, num_carry, *, reverse,
   if reverse:
     raise eqn.error(SCAN_BACKWARDS)
   for index, op in enumerate(eqn.operands):
+    if op.pair is not None:
+      raise eqn.error(SCAN_OVER_PAIR.format(index=index, origin=op.pair.link.origin))
     if op.stream is not None and index < num_consts + num_carry:
       raise eqn.error(SCAN_CLOSES_OVER_TIME.format(index=index))
     if op.stream is not None and op.axis != 0:
@@ -126,15 +155,14 @@ def _carry_infos(eqn: Eqn, jaxpr, num_consts, num_carry):
   """Carry infos at their fixed point: a carry the body makes a stream is a
   stream from the start (its unscanned initial value is indexed per step)."""
   consts, carry, xs = _split(eqn.operands, num_consts, num_carry)
-  infos = [op.stream for op in carry]
+  infos = [inner_info(op) for op in carry]
+  rows = [_row_info(eqn, i) for i in range(num_consts + num_carry, len(eqn.operands))]
   for _ in range(2):
-    in_infos = ([op.stream for op in consts] + infos +
-                [None if op.stream is None else Stream(op.axis - 1, eqn.offset)
-                 for op in xs])
+    in_infos = [inner_info(op) for op in consts] + infos + rows
     known = [op.known for op in consts] + [None] * (len(carry) + len(xs))
     program = interpreter.convert(
         jaxpr.jaxpr, jaxpr.consts, in_infos, known,
-        [None if i is None else i.offset for i in infos] + [None] * (
+        [i.offset if isinstance(i, Stream) else None for i in infos] + [None] * (
             len(jaxpr.jaxpr.outvars) - num_carry), where=eqn.where)
     after = list(program.out_infos[:num_carry])
     if after == infos:
@@ -151,7 +179,7 @@ def _scan_per_element(eqn: Eqn, jaxpr, num_consts, num_carry, *, length,
   del params
   infos, program = _carry_infos(eqn, jaxpr, num_consts, num_carry)
   carry_ops = _split(eqn.operands, num_consts, num_carry)[1]
-  promoted = [op.stream is None and info is not None
+  promoted = [op.stream is None and op.pair is None and info is not None
               for op, info in zip(carry_ops, infos)]
 
   def step(states, index, args):
@@ -182,9 +210,7 @@ def _scan_per_element(eqn: Eqn, jaxpr, num_consts, num_carry, *, length,
                                    reverse=reverse)
     return states, list(carry) + list(ys)
 
-  ys = [info if not isinstance(info, Stream) else Stream(info.axis + 1,
-                                                         info.offset)
-        for info in program.out_infos[num_carry:]]
+  ys = [_stacked_info(info) for info in program.out_infos[num_carry:]]
   return StepForm(tuple(infos) + tuple(ys), step, prefill)
 
 
@@ -214,7 +240,7 @@ def cond_rule(eqn: Eqn, *, branches, **params) -> StepForm:
     for branch in branches:
       jaxpr, consts = _jaxpr_and_consts(branch)
       programs.append(interpreter.convert(
-          jaxpr, consts, [op.stream if op.pair is None else op.pair for op in ops],
+          jaxpr, consts, [inner_info(op) for op in ops],
           [op.known for op in ops], out_offsets, where=eqn.where))
     return programs
 
@@ -254,10 +280,10 @@ def while_rule(eqn: Eqn, *, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts
   cond_ops = eqn.operands[:cond_nconsts]
   body_ops = eqn.operands[cond_nconsts:cond_nconsts + body_nconsts]
   carry_ops = eqn.operands[cond_nconsts + body_nconsts:]
-  carry = [op.stream for op in carry_ops]
+  carry = [inner_info(op) for op in carry_ops]
   for _ in range(2):
     body = interpreter.convert(
-        body_jaxpr.jaxpr, body_jaxpr.consts, [op.stream for op in body_ops] + carry,
+        body_jaxpr.jaxpr, body_jaxpr.consts, [inner_info(op) for op in body_ops] + carry,
         [op.known for op in body_ops] + [None] * len(carry), where=eqn.where)
     after = list(body.out_infos)
     if after == carry:
@@ -266,11 +292,12 @@ def while_rule(eqn: Eqn, *, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts
   if after != carry:
     raise eqn.error(CARRY_AXIS.format(index=0, before=carry, after=after))
   cond = interpreter.convert(
-      cond_jaxpr.jaxpr, cond_jaxpr.consts, [op.stream for op in cond_ops] + carry,
+      cond_jaxpr.jaxpr, cond_jaxpr.consts, [inner_info(op) for op in cond_ops] + carry,
       [op.known for op in cond_ops] + [None] * len(carry), where=eqn.where)
   if cond.out_infos[0] is not None:
     raise eqn.error(PREDICATE_OVER_TIME)
-  promoted = [op.stream is None and info is not None for op, info in zip(carry_ops, carry)]
+  promoted = [op.stream is None and op.pair is None and info is not None
+              for op, info in zip(carry_ops, carry)]
 
   def split(args):
     return (list(args[:cond_nconsts]), list(args[cond_nconsts:cond_nconsts + body_nconsts]),
@@ -304,15 +331,16 @@ def while_rule(eqn: Eqn, *, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts
 
 def _register_all() -> None:
   prims = _compat.scan_primitives
-  register_scan_rule(prims.scan_p, scan_rule)
   for prim, param in ((prims.jit_p, "jaxpr"), (prims.closed_call_p, "call_jaxpr"),
                       (prims.call_p, "call_jaxpr"), (prims.remat_p, "jaxpr"),
                       (prims.custom_jvp_call_p, "call_jaxpr"),
                       (prims.custom_vjp_call_p, "call_jaxpr")):
     register_scan_rule(prim, call_rule(param))
     interpreter.PAIR_RULES[prim] = call_rule(param)  # values with two time axes pass in
-  register_scan_rule(prims.cond_p, cond_rule)
-  register_scan_rule(prims.while_p, while_rule)
+  for prim, rule in ((prims.scan_p, scan_rule), (prims.cond_p, cond_rule),
+                     (prims.while_p, while_rule)):
+    register_scan_rule(prim, rule)
+    interpreter.PAIR_RULES[prim] = rule
 
 
 _register_all()

@@ -127,6 +127,7 @@ def _contract_with_mask(eqn: Eqn, index: int, dimension_numbers,
                       dimension_numbers=dimension_numbers)[0]
 
   def step(history, i, args):
+    frames.read_by_position()
     history = lax.dynamic_update_index_in_dim(history, args[index], i, axis)
     row = lax.dynamic_slice_in_dim(args[1 - index], i, 1, axis=free)
     return history, [lax.index_in_dim(contract(history, row), 0, out_axis,

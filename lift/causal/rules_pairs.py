@@ -157,9 +157,8 @@ def elementwise_rule(eqn: Eqn, query_axis: int | None = None, **params) -> StepF
         if op.stream is not None:
           values[i] = rings.key_row(args[i], row_key, index, ring)
         else:  # known masks are kept with their broadcast axes of size 1
-          whole = args[i] if compact[i] is None else compact[i]
-          row = rings.key_row(frames.step_slice(whole, query, index), row_key, index, ring)
-          values[i] = jnp.broadcast_to(row, row_shape)
+          values[i] = jnp.broadcast_to(
+              _known_row(args[i], compact[i], query, key, index, ring), row_shape)
     return tuple(caches), forms.bind(eqn, values, params)
 
   def prefill(args):
@@ -176,6 +175,18 @@ def elementwise_rule(eqn: Eqn, query_axis: int | None = None, **params) -> StepF
     return tuple(caches), forms.bind(eqn, values, params)
 
   return StepForm((pair,), step, prefill)
+
+
+def _known_row(whole, compact, query: int, key: int, index, ring: int | None):
+  """Row `index` of a known operand, in the ring's slot order under a ring; a band
+  mask's rows from its distances, so that a ring decodes past the example's length."""
+  row_key = key - (key > query)
+  table = None if ring is None or compact is None else rings.by_distance(
+      compact, query, key, ring)
+  if table is not None:
+    return rings.distance_row(table, row_key, index, ring)
+  whole = whole if compact is None else compact
+  return rings.key_row(frames.step_slice(whole, query, index), row_key, index, ring)
 
 
 def promoted_axis(eqn: Eqn, axis: int) -> int | None:

@@ -51,13 +51,15 @@ def _concatenate_time(eqn: Eqn, axis: int) -> StepForm:
   lead = starts[streams[0]]
   delays = {i: starts[i] - lead for i in streams if starts[i] > lead}
   slots = {i: b for b, i in enumerate(delays)}
+  ends_with_stream = streams[-1] == len(eqn.operands) - 1
 
   def step(buffers, index, args):
     element = index + lead
     buffers, values = list(buffers), []
     for i, (op, arg) in enumerate(zip(eqn.operands, args)):
       if op.stream is None:
-        values.append(frames.step_slice(arg, axis, element - starts[i]))
+        values.append(frames.step_slice(arg, axis, element - starts[i],
+                                        unused_past_end=ends_with_stream))
       elif i in slots:
         b = slots[i]
         buffers[b], arg = frames.delay_step(buffers[b], element - starts[i],

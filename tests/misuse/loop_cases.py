@@ -134,6 +134,21 @@ class Cumsum(nn.Module):
     return jnp.cumsum(nn.Dense(2)(x), axis=1)
 
 
+def _attend(x):  # [T, d]: each position averages itself and the earlier ones
+  return (jnp.tril(jnp.ones((x.shape[0],) * 2)) * (x @ x.T)) @ x
+
+
+def _past_the_cache():
+  f, carry = as_scan(_attend, jnp.ones((2, 3)))
+  for _ in range(3):
+    carry, _ = f(carry, jnp.ones(3))
+
+
+def _scores_into_a_scan_over_time(x):
+  scores = jnp.where(jnp.tril(jnp.ones((x.shape[0],) * 2, bool)), x @ x.T, -jnp.inf)
+  return jax.lax.scan(lambda c, row: (c, c + row), jnp.zeros(x.shape[0]), scores)[1]
+
+
 def _batch_as_time():
   x = jnp.ones((2, 5, 3))
   return nn.as_scan(Cumsum(), Cumsum().init(jax.random.key(0), x), x)  # time_axis=0
@@ -163,6 +178,14 @@ AS_SCAN = [
     case('as_scan of a function returning attention scores', lambda: as_scan(
         lambda x: x @ x.T, XS), errors.ScanConversionError, 'output 0',
          'varies along time on two axes', '@lift.custom_causal'),
+    case('a derived step called past the length of its caches', _past_the_cache,
+         errors.CacheLengthError, 'element 2', 'caches hold 2 elements', 'max_length='),
+    case('as_scan given a max_length shorter than the prefill', lambda: as_scan_with_prefill(
+        jnp.tanh, XS, XS[:4], max_length=3), errors.ScanConversionError, 'max_length',
+         "prefill's length (4)", 'got 3'),
+    case('as_scan of a scan over time given attention scores', lambda: as_scan(
+        _scores_into_a_scan_over_time, XS), errors.ScanConversionError, 'two time axes',
+         'scan over time', 'Fix:'),
     case('nn.as_scan of a module looking ahead in time', lambda: _non_causal_module('module'),
          errors.ScanConversionError, 'conv_general_dilated', 'anti-causal'),
     case("as_scan of a function applying a module that looks ahead in time",
