@@ -70,9 +70,9 @@ DIRTY = Upper(False)
 EXACT = Upper(True)
 
 
-# Scores are assumed below this in magnitude; fills at or below its negative
-# (-1e9, finfo.min, -inf) are "hugely negative". Narrow dtypes use a quarter of
-# their range instead.
+# Unmasked scores are assumed below a tenth of this in magnitude; fills at or below
+# half its negative (-1e9, also rounded to bfloat16's -999292928; finfo.min; -inf)
+# are "hugely negative". Narrow dtypes use a quarter of their range instead.
 SCORE_BOUND = 1e9
 
 
@@ -80,7 +80,7 @@ def is_neg_huge(value: Any, dtype: Any) -> bool:
   """Whether a scalar `value` is -inf or hugely negative for `dtype`."""
   if not jnp.issubdtype(dtype, jnp.floating):
     return False
-  bound = min(SCORE_BOUND, float(jnp.finfo(dtype).max) / 4)
+  bound = min(SCORE_BOUND / 2, float(jnp.finfo(dtype).max) / 4)
   return bool(value <= -bound)
 
 

@@ -318,6 +318,8 @@ def while_rule(eqn: Eqn, *, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts
 
   def prefill(args):
     cond_consts, body_consts, init = split(args)
+    init = [frames.prefix_slice(c, info.axis, eqn.offset) if p else c
+            for c, info, p in zip(init, carry, promoted)]
     states = (interpreter.run_prefill(cond, cond_consts + init)[0],
               interpreter.run_prefill(body, body_consts + init)[0])
     if jax.tree.leaves(states):

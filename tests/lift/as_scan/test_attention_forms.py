@@ -195,3 +195,34 @@ def test_a_sliding_window_keeps_a_ring_of_its_size(g, cache_length):
   caches = [leaf.shape for leaf in jax.tree.leaves(carry.states)]
   assert caches and all(cache_length in shape and (cache_length == LONG or LONG not in shape)
                         for shape in caches), caches
+
+
+def through_control_flow(x):
+  """A mask and scores made outside, used inside `switch` and `while_loop`; more made inside."""
+  length = x.shape[0]
+  mask = jnp.tril(jnp.ones((length, length), bool)) & (x[:, 0] > -0.5)[None, :]
+  scores = x @ x.T
+
+  def attend(mask, scores, x):
+    return jax.nn.softmax(jnp.where(mask, scores, -jnp.inf)) @ x
+
+  def attend_inside(mask, scores, x):  # scores of its own, under the mask from outside
+    return jax.nn.softmax(jnp.where(mask, jnp.tanh(x) @ x.T, -1e9)) @ x
+
+  branch = jnp.argmax(jnp.array([0.0, 1.0]))  # known, so the switch stays a switch
+  switched = jax.lax.switch(branch, [attend, attend_inside], mask, scores, x)
+
+  def body(state):
+    i, total = state
+    return i + 1, total + jnp.sum(jnp.where(mask, scores, 0.0), -1)
+
+  _, looped = jax.lax.while_loop(lambda state: state[0] < 2, body,
+                                 (0, jnp.zeros(length, x.dtype)))
+  return switched + looped[:, None]
+
+
+def test_values_with_two_time_axes_pass_through_switch_and_while_loop():
+  x = jnp.asarray(np.random.default_rng(2).standard_normal((5, 3)), jnp.float32)
+  x = x.at[1, 0].set(-1.0)  # a padded key
+  check_scan(through_control_flow, x, prefill=[2], rtol=tolerance(np.float32, DEPTH),
+             atol=tolerance(np.float32, DEPTH))
