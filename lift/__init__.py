@@ -7,9 +7,10 @@
 >>> y, variables = lift.init(dense)(jax.random.key(0), jax.numpy.ones((2, 3)), 4)
 """
 from lift import _compat, errors, loops
-from lift.causal import (as_scan, as_scan_with_prefill, causal_self_attention,
-                         custom_causal, register_scan_rule)
-from lift.errors import CacheLengthError, InvalidScopeError, LiftError, ScanConversionError
+from lift.causal import (Generated, Sampling, as_scan, as_scan_with_prefill,
+                         causal_self_attention, custom_causal, generate, register_scan_rule)
+from lift.errors import (CacheLengthError, DecodeArgumentError, InvalidScopeError, LiftError,
+                         ScanConversionError)
 from lift.filters import (CollectionFilter, DenyList, Filter, PRNGSequenceFilter,
                           group_collections, in_filter, intersect_filters,
                           is_filter_empty, subtract_filters, union_filters)

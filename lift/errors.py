@@ -74,6 +74,19 @@ class CacheLengthError(LiftError, IndexError):
   """
 
 
+class DecodeArgumentError(LiftError, ValueError):
+  """An argument of `lift.generate` has the wrong type or value (the message names it).
+
+  Examples:
+    >>> try:
+    ...   lift.generate(lambda t: t, jnp.zeros((1, 2), jnp.int32), max_new_tokens=0)
+    ... except DecodeArgumentError as e:
+    ...   print(e)
+    lift.generate: max_new_tokens must be a positive int; got 0. Fix: pass the number ...
+  """
+
+
+
 
 def _path_text(path) -> str:
   """A scope's path as text; a string is already a scope's ``path_text``."""

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 
 import linen_ext as nn
 from linen_ext import errors as errors_nn
+import lift
 from lift import as_scan, as_scan_with_prefill, errors, loops
 from lift.loops import ScanCheckpointPolicy as Policy
 
@@ -149,6 +150,10 @@ def _scores_into_a_scan_over_time(x):
   return jax.lax.scan(lambda c, row: (c, c + row), jnp.zeros(x.shape[0]), scores)[1]
 
 
+def _counting(tokens):
+  return jax.nn.one_hot((tokens + 1) % 5, 5)
+
+
 def _batch_as_time():
   x = jnp.ones((2, 5, 3))
   return nn.as_scan(Cumsum(), Cumsum().init(jax.random.key(0), x), x)  # time_axis=0
@@ -186,6 +191,17 @@ AS_SCAN = [
     case('as_scan of a scan over time given attention scores', lambda: as_scan(
         _scores_into_a_scan_over_time, XS), errors.ScanConversionError, 'two time axes',
          'scan over time', 'Fix:'),
+    case('lift.generate sampling without a key', lambda: lift.generate(
+        _counting, jnp.ones((2, 3), jnp.int32), max_new_tokens=2,
+        sampling=lift.Sampling(temperature=0.7)), errors.DecodeArgumentError, 'lift.generate',
+         'no key', 'key=jax.random.key'),
+    case('lift.generate given both a prompt mask and prompt lengths', lambda: lift.generate(
+        _counting, jnp.ones((2, 3), jnp.int32), max_new_tokens=2, prompt_lengths=[1, 3],
+        prompt_mask=jnp.ones((2, 3), bool)), errors.DecodeArgumentError, 'prompt_mask',
+         'prompt_lengths', 'both given', 'pass one'),
+    case('lift.generate given float prompts', lambda: lift.generate(
+        _counting, jnp.ones((2, 3)), max_new_tokens=2), errors.DecodeArgumentError,
+         'prompts must be [batch, length] int tokens', 'float32[2, 3]'),
     case('nn.as_scan of a module looking ahead in time', lambda: _non_causal_module('module'),
          errors.ScanConversionError, 'conv_general_dilated', 'anti-causal'),
     case("as_scan of a function applying a module that looks ahead in time",
