@@ -19,7 +19,8 @@ from lift.causal.custom import custom_causal
 
 
 class KVCache(NamedTuple):
-  """Keys and values of every position, `[batch..., length, heads, feat]`."""
+  """Keys `[batch..., heads, feat, length]` and values `[batch..., heads, length, feat]`
+  of every position: the layouts the step's two products read without a transpose."""
   keys: jax.Array
   values: jax.Array
 
@@ -67,24 +68,23 @@ def causal_self_attention(q: jax.Array, k: jax.Array,
 @causal_self_attention.def_init
 def _init(q, k, v) -> KVCache:
   del q
-  return KVCache(jnp.zeros(k.shape, k.dtype), jnp.zeros(v.shape, v.dtype))
+  *batch, length, heads, depth = k.shape
+  return KVCache(jnp.zeros((*batch, heads, depth, length), k.dtype),
+                 jnp.zeros((*batch, heads, length, v.shape[-1]), v.dtype))
 
 
 @causal_self_attention.def_step
 def _step(cache: KVCache, index: jax.Array, q, k, v):
-  axis = cache.keys.ndim - 3
-  keys = lax.dynamic_update_index_in_dim(cache.keys, k, index, axis)
-  values = lax.dynamic_update_index_in_dim(cache.values, v, index, axis)
-  logits = jnp.einsum("...hd,...khd->...hk", _scaled(q), keys)
-  visible = jnp.arange(keys.shape[axis], dtype=jnp.int32) <= index
+  keys = lax.dynamic_update_index_in_dim(cache.keys, k, index, cache.keys.ndim - 1)
+  values = lax.dynamic_update_index_in_dim(cache.values, v, index, cache.values.ndim - 2)
+  logits = jnp.einsum("...hd,...hdk->...hk", _scaled(q), keys)
+  visible = jnp.arange(keys.shape[-1], dtype=jnp.int32) <= index
   weights = _weights(logits, visible, q.dtype)
-  return KVCache(keys, values), jnp.einsum("...hk,...khd->...hd", weights,
-                                           values)
+  return KVCache(keys, values), jnp.einsum("...hk,...hkd->...hd", weights, values)
 
 
 @causal_self_attention.def_prefill
 def _prefill(cache: KVCache, q, k, v):
-  axis = cache.keys.ndim - 3
-  keys = lax.dynamic_update_slice_in_dim(cache.keys, k, 0, axis)
-  values = lax.dynamic_update_slice_in_dim(cache.values, v, 0, axis)
+  keys = lax.dynamic_update_slice_in_dim(cache.keys, jnp.moveaxis(k, -3, -1), 0, -1)
+  values = lax.dynamic_update_slice_in_dim(cache.values, jnp.moveaxis(v, -3, -2), 0, -2)
   return KVCache(keys, values), causal_self_attention.fun(q, k, v)

@@ -16,6 +16,8 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from lift import _compat
+
 
 class PositionReads:
   """Whether a step read a value by its position along time (a full-length cache, a
@@ -55,11 +57,25 @@ def step_slice(value: Any, axis: int, index: jax.Array, *,
   `unused_past_end` the caller discards the element at indices past the value's
   end, so the step is not bounded by it.
   """
-  if np.shape(value)[axis] == 1:
+  if np.shape(value)[axis] == 1 or _uniform_along(value, axis):
     return lax.index_in_dim(value, 0, axis, keepdims=False)
   if not unused_past_end:
     read_by_position()
   return lax.dynamic_index_in_dim(value, index, axis, keepdims=False)
+
+
+# Larger concrete values are not read back to the host to look for uniform axes.
+_UNIFORM_CHECK_SIZE = 1 << 22
+
+
+def _uniform_along(value: Any, axis: int) -> bool:
+  """Whether a concrete `value` (a hoisted constant: zeros, a broadcast table) has every
+  element along `axis` alike, so that any step may read the first."""
+  if (isinstance(value, _compat.Tracer) or not isinstance(value, (np.ndarray, jax.Array))
+      or np.size(value) > _UNIFORM_CHECK_SIZE):
+    return False
+  array = np.asarray(value)
+  return bool(np.all(array == np.take(array, [0], axis)))
 
 
 def prefix_slice(value: Any, axis: int, length: int) -> jax.Array:

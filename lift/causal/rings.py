@@ -9,7 +9,7 @@ match.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 from jax import lax
@@ -96,3 +96,66 @@ def resized(shape, axis: int, ring: int | None) -> tuple:
   if ring is not None:
     shape[axis] = ring
   return tuple(shape)
+
+
+class DotLayout(NamedTuple):
+  """How a cache read by a `dot_general` is stored: its operand's axes in the order
+  the product reads without a transpose (batch, then free and contracting axes for
+  the lhs, contracting and free axes for the rhs), axes of size 1 dropped. Free
+  axes keep their order, so the product's result is unchanged. Measured: the
+  transposes a cache in the operand's own layout costs at every step take more
+  time than the step's matmuls on small models (`examples/benchmarks/decode.py`).
+
+  Attributes:
+    order: the operand's axes, in stored order (size-1 axes included).
+    shape: the operand's shape in that order.
+    time: the time axis of the operand.
+    numbers: the product's dimension numbers with the operand in `order`.
+  """
+  order: tuple[int, ...]
+  shape: tuple[int, ...]
+  time: int
+  numbers: Any
+
+  @classmethod
+  def of(cls, aval: Any, time: int, numbers, side: int) -> DotLayout:
+    """The layout of operand `side` of a product with dimension `numbers`."""
+    (lc, rc), (lb, rb) = numbers
+    contracting, batch = (lc, rc)[side], (lb, rb)[side]
+    free = [d for d in range(aval.ndim) if d not in contracting and d not in batch]
+    order = (*batch, *([*free, *contracting] if side == 0 else [*contracting, *free]))
+    place = {axis: i for i, axis in enumerate(order)}
+    groups = [list(group) for group in numbers]
+    for group in groups:
+      group[side] = tuple(place[d] for d in group[side])
+    return cls(order, tuple(aval.shape[a] for a in order), time,
+               tuple(tuple(group) for group in groups))
+
+  @property
+  def axis(self) -> int:
+    """The time axis of the stored cache."""
+    return self._stored_shape(False).index(-1)
+
+  def _stored_shape(self, frame: bool) -> list[int]:
+    """Size-1 axes dropped; the time axis (a ring's size or the length) inferred."""
+    shape = []
+    for axis, size in zip(self.order, self.shape):
+      if axis == self.time and not frame:
+        shape.append(-1)
+      elif axis != self.time and size != 1:
+        shape.append(size)
+    return shape
+
+  def store(self, whole: jax.Array) -> jax.Array:
+    """A cache in the operand's layout, stored."""
+    return jnp.transpose(whole, self.order).reshape(self._stored_shape(False))
+
+  def frame(self, element: jax.Array) -> jax.Array:
+    """One element of the operand (time removed), in the stored layout."""
+    order = tuple(a - (a > self.time) for a in self.order if a != self.time)
+    return jnp.transpose(element, order).reshape(self._stored_shape(True))
+
+  def read(self, cache: jax.Array) -> jax.Array:
+    """The stored cache as the product's operand (size-1 axes restored)."""
+    return cache.reshape([-1 if axis == self.time else size
+                          for axis, size in zip(self.order, self.shape)])

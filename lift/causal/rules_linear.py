@@ -2,6 +2,7 @@
 `gather` and `dynamic_slice` off the scan axis."""
 from __future__ import annotations
 
+import jax
 import numpy as np
 from jax import lax
 import jax.numpy as jnp
@@ -192,6 +193,8 @@ def _conv_over_time(eqn: Eqn, spatial: int, params) -> StepForm:
     if high > 0:  # elements past the input's end are padding
       frame = jnp.where(index < length, frame, jnp.zeros_like(frame))
     window = frames.shift_in(buffer, frame)
+    if _one_spatial(params, lhs.aval.ndim):
+      return window[1:], [_conv_one_position(window[:span + 1], args[1], params)]
     x = jnp.moveaxis(window[:span + 1], 0, axis)
     out = forms.bind(eqn, [x, args[1]], params, padding=padding((0, 0)))[0]
     return window[1:], [lax.index_in_dim(out, 0, out_axis, keepdims=False)]
@@ -209,6 +212,28 @@ def _conv_over_time(eqn: Eqn, spatial: int, params) -> StepForm:
                               padding=padding((low, span - low - ahead)))
 
   return StepForm((eqn.stream(out_axis, -ahead),), step, prefill)
+
+
+def _one_spatial(params, ndim: int) -> bool:
+  return ndim == 3 and params["batch_group_count"] == 1
+
+
+def _conv_one_position(window: jax.Array, kernel: jax.Array, params) -> jax.Array:
+  """One output position of a 1-D convolution over `window` (time first, then the
+  input's other axes), as one contraction: a convolution kernel's setup costs more
+  than its work at a single position. Returns the output without its spatial axis."""
+  lhs_spec, rhs_spec, out_spec = params["dimension_numbers"]
+  dilation, groups = params["rhs_dilation"][0], params["feature_group_count"]
+  x = window[::dilation]  # [taps, *lhs without time]: batch and feature in lhs order
+  batch_first = lhs_spec[0] < lhs_spec[1]
+  x = jnp.moveaxis(x, 0, -1) if batch_first else jnp.moveaxis(x, (0, 1), (2, 1))
+  x = x.reshape(x.shape[0], groups, -1, x.shape[-1])  # [batch, groups, in/group, taps]
+  w = jnp.transpose(kernel, (rhs_spec[1], rhs_spec[0], rhs_spec[2]))  # [in/group, out, taps]
+  w = w.reshape(w.shape[0], groups, -1, w.shape[-1])  # [in/group, groups, out/group, taps]
+  out = jnp.einsum("bgct,cgot->bgo", x, w, precision=params["precision"],
+                   preferred_element_type=params["preferred_element_type"])
+  out = out.reshape(out.shape[0], -1)  # [batch, out features]
+  return out if out_spec[0] < out_spec[1] else out.T
 
 
 def _gather_removed(eqn: Eqn, numbers, slice_sizes):

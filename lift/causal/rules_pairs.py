@@ -106,14 +106,18 @@ def product_rule(eqn: Eqn, dimension_numbers, params) -> StepForm:
       group[query] = forms.drop_dim(group[query], times[query])
     return tuple(tuple(tuple(d) for d in group) for group in dims)
 
+  def layout(query: int) -> rings.DotLayout:
+    key = 1 - query
+    return rings.DotLayout.of(eqn.operands[key].aval, times[key], numbers_without(query), key)
+
   def step(cache, index, args):
     query = link.query_side() or 0
-    key = 1 - query
-    cache = rings.write(cache, args[key], index, times[key], link.ring(length))
-    operands = [cache, cache]
+    stored = layout(query)
+    cache = rings.write(cache, stored.frame(args[1 - query]), index, stored.axis,
+                        link.ring(length))
+    operands = [stored.read(cache)] * 2
     operands[query] = args[query]
-    return cache, forms.bind(eqn, operands, params,
-                             dimension_numbers=numbers_without(query))
+    return cache, forms.bind(eqn, operands, params, dimension_numbers=stored.numbers)
 
   def prefill(args):
     query = link.query_side() or 0
@@ -123,7 +127,8 @@ def product_rule(eqn: Eqn, dimension_numbers, params) -> StepForm:
     operands = [cache, cache]
     operands[query] = args[query]
     outs = forms.bind(eqn, operands, params, dimension_numbers=dimension_numbers)
-    return rings.from_prefix(aval, args[key], axis, eqn.offset, link.ring(length)), outs
+    cache = rings.from_prefix(aval, args[key], axis, eqn.offset, link.ring(length))
+    return layout(query).store(cache), outs
 
   return StepForm((pair,), step, prefill)
 
@@ -313,22 +318,24 @@ def dot_rule(eqn: Eqn, *, dimension_numbers, **params) -> StepForm:
     group[index] = forms.drop_dim(group[index], query)
   step_numbers = tuple(tuple(tuple(d) for d in group) for group in numbers)
 
+  stored = rings.DotLayout.of(other.aval, partner, step_numbers, 1 - index)
+
   def step(cache, i, args):
     values, ring = list(args), pair.link.ring(length)
-    if other.stream is not None:
-      cache = rings.write(cache, args[1 - index], i, partner, ring)
-      values[1 - index] = cache
-    else:
+    if other.stream is None:
       values[1 - index] = rings.key_row(args[1 - index], partner, i, ring)
-    return cache, forms.bind(eqn, values, params, dimension_numbers=step_numbers)
+      return cache, forms.bind(eqn, values, params, dimension_numbers=step_numbers)
+    cache = rings.write(cache, stored.frame(args[1 - index]), i, stored.axis, ring)
+    values[1 - index] = stored.read(cache)
+    return cache, forms.bind(eqn, values, params, dimension_numbers=stored.numbers)
 
   def prefill(args):
     values, cache = list(args), None
     if other.stream is not None:
       prefix = args[1 - index]
       values[1 - index] = rings.from_prefix(other.aval, prefix, partner, eqn.offset, None)
-      cache = rings.from_prefix(other.aval, prefix, partner, eqn.offset,
-                                pair.link.ring(length))
+      cache = stored.store(rings.from_prefix(other.aval, prefix, partner, eqn.offset,
+                                             pair.link.ring(length)))
     return cache, forms.bind(eqn, values, params,
                              dimension_numbers=dimension_numbers)
 

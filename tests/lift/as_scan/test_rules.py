@@ -85,6 +85,10 @@ LINEAR = {
     'conv_dilated': lambda x: conv(x[None], (4, 0), dilation=2)[0],
     'conv_delayed': lambda x: conv(x[None], (5, -1), dilation=2)[0],
     'conv_depthwise': lambda x: conv(x[None], (2, 0), groups=3, kernel=KERNEL[:, :1])[0],
+    'conv_channels_first_depth_multiplier': lambda x: lax.conv_general_dilated(  # [1, 6, T]
+        x.T[None], jnp.concatenate([KERNEL[:, :1], KERNEL[:, 1:2]], 2).T, (1,), [(4, 0)],
+        rhs_dilation=(2,), dimension_numbers=('NCW', 'OIW', 'NCW'),
+        feature_group_count=3)[0].T,
     'conv_time_as_batch': lambda x: conv(x[:, None, :], (1, 1))[:, 0],
     'gather_features': lambda x: x[:, jnp.array([2, 0, 1])],
     'take_along_axis': lambda x: jnp.take_along_axis(x, jnp.arange(x.shape[0])[:, None] % 3, axis=1),
