@@ -11,10 +11,10 @@ The main job of the project, end to end:
   digits are generated; the loss is on the answer digits only;
 * optax's AdamW with warmup and cosine decay and gradient clipping, in one
   `jax.jit` step; a `rich` progress bar with the live loss and tokens/s;
-* evaluation by greedy decoding of held-out problems (never trained on) through
-  the one-token step that `nn.as_scan` derives from the training-mode model,
-  the prompt prefilled in parallel, checked against decoding by recomputing the
-  full model on every prefix;
+* evaluation by greedy decoding of held-out problems (never trained on) with
+  `lift.generate`: the prompt prefilled in parallel, then the one-token step that
+  `as_scan` derives from the training-mode model, checked against decoding by
+  recomputing the full model on every prefix;
 * orbax checkpoints every ``--checkpoint-every`` steps; ``--resume`` continues
   from the latest with the same loss curve, on the same mesh or another;
 * on a device mesh (``--mesh data=4,model=2``: FSDP x tensor parallelism; or
@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+import lift
 import linen_ext as nn
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # its sibling module
@@ -214,21 +215,10 @@ def make_train_step(model, optimizer, task: Addition, batch: int, data_key, mesh
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
 def decode(model, params, prompt, answer_length: int):
-  """Greedy decoding with the derived step: prefill the prompt, then one token a step."""
-  example = jax.ShapeDtypeStruct((prompt.shape[0], prompt.shape[1] + answer_length - 1),
-                                 jnp.int32)
-  step, carry, prompt_logits = nn.as_scan(model, {'params': params}, example,
-                                          time_axis=1, prefill=prompt)
-  first = jnp.argmax(prompt_logits[:, -1], axis=-1)
-
-  def generate(state, _):
-    carry, token = state
-    carry, logits = step(carry, token)
-    following = jnp.argmax(logits, axis=-1)
-    return (carry, following), following
-
-  _, rest = jax.lax.scan(generate, (carry, first), None, length=answer_length - 1)
-  return jnp.concatenate([first[:, None], rest.T], axis=1)
+  """Greedy decoding by `lift.generate`: the prompt prefilled in parallel, then the step
+  `as_scan` derives from the training-mode model, one token at a time."""
+  return lift.generate(lambda tokens: model.apply({'params': params}, tokens), prompt,
+                       max_new_tokens=answer_length).tokens
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))

@@ -66,7 +66,8 @@ def _time_first_example(example_xs: Any, time_axis: int) -> Any:
 
 
 def as_scan(module: Any, variables: Any, example_xs: Any, *, method: Any = None,
-            time_axis: int = 0, prefill: Any = None, **apply_kwargs):
+            time_axis: int = 0, prefill: Any = None, max_length: int | None = None,
+            **apply_kwargs):
   """The step function of a causal module, derived from its training-mode `apply`.
 
   ``example_xs`` (arrays or ``jax.ShapeDtypeStruct``) gives the full length;
@@ -74,6 +75,10 @@ def as_scan(module: Any, variables: Any, example_xs: Any, *, method: Any = None,
   takes and returns frames with the time axis removed. Without ``prefill``
   returns ``(step, carry)``; with a prompt (same layout, shorter time axis)
   returns ``(step, carry, out_prefill)`` with the step continuing after it.
+
+  The step's caches hold the length of ``example_xs`` along ``time_axis`` (or
+  ``max_length``), prompt included: past it an eager step raises
+  `lift.CacheLengthError` and a traced one returns NaN, as `lift.as_scan` says.
 
   Not for models that look ahead in time (bidirectional attention, 'SAME'
   convolutions): those raise `lift.ScanConversionError` naming the operation.
@@ -99,11 +104,12 @@ def as_scan(module: Any, variables: Any, example_xs: Any, *, method: Any = None,
   example = _time_first_example(example_xs, time_axis)
   reading = (module, variables, method, apply_kwargs)
   if prefill is None:
-    step, carry = lift.as_scan(g, example)
+    step, carry = lift.as_scan(g, example, max_length=max_length)
     _check_time_axis(carry, reading, example_xs, time_axis)
     return step, carry
   prompt = jax.tree_util.tree_map(lambda x: jnp.moveaxis(x, time_axis, 0), prefill)
-  step, carry, out_prefill = lift.as_scan_with_prefill(g, example, prompt)
+  step, carry, out_prefill = lift.as_scan_with_prefill(g, example, prompt,
+                                                       max_length=max_length)
   _check_time_axis(carry, reading, example_xs, time_axis)
   out_prefill = jax.tree_util.tree_map(lambda v: jnp.moveaxis(v, 0, time_axis), out_prefill)
   return step, carry, out_prefill
