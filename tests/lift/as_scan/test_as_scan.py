@@ -148,3 +148,11 @@ def test_not_causal_raises_naming_the_primitive(fn, match):
   with pytest.raises(lift.ScanConversionError, match=match) as info:
     as_scan(fn, XS)
   assert 'test_as_scan.py' in str(info.value)
+
+
+def test_an_error_at_a_loop_the_library_emits_names_the_users_line():
+  backwards = lift.loops.scan(lambda c, x: (c + x, c), reverse=True)
+  with pytest.raises(lift.ScanConversionError, match='runs in reverse') as info:
+    lift.as_scan(lambda xs: backwards(0.0, xs)[1], jnp.ones(4))
+  first_line = str(info.value).splitlines()[0]
+  assert 'test_as_scan.py' in first_line and 'lift/loops' not in first_line, first_line

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import lift
 import linen_ext as nn
 from lift.causal.testing import check_scan
 from tests.helpers import tolerance
@@ -107,3 +108,23 @@ def test_a_mask_and_positions_passed_to_every_layer_convert(kind):
 @pytest.mark.parametrize('kind', ["Stacked(remat='nested')", 'nn.scan'])
 def test_in_bfloat16(kind):
   check_model(kind, jnp.bfloat16)
+
+
+class LooksAhead(nn.Module):
+  @nn.compact
+  def __call__(self, tokens):
+    length = tokens.shape[1]
+    mask = jnp.triu(jnp.ones((length, length), bool))[None] & (tokens != 0)[:, None, :]
+    positions = jnp.broadcast_to(jnp.arange(length), tokens.shape)
+    x = nn.Embed(VOCAB, D)(tokens)
+    return nn.Stacked(Block, 2)(x, mask, positions)
+
+
+def test_a_conversion_error_inside_a_stack_names_the_users_line():
+  model = LooksAhead()
+  variables = model.init(jax.random.key(0), TOKENS)
+  with pytest.raises(lift.ScanConversionError) as info:
+    nn.as_scan(model, variables, TOKENS, time_axis=1)
+  message = str(info.value)
+  assert 'test_as_scan_stacks.py' in message.split('\n')[0], message
+  assert 'lift/loops' not in message and 'linen_ext/stacks' not in message, message
