@@ -12,6 +12,7 @@ from lift.causal import frames
 from lift.causal import interpreter
 from lift.causal.interpreter import (
     Eqn, NotCausal, StepForm, Stream, register_scan_rule)
+from lift.causal.pairs import Pair
 
 FINAL_CARRY = (
     "the final carry of the scan over time at {where} depends on the whole "
@@ -57,16 +58,18 @@ def _row_info(eqn: Eqn, index: int) -> interpreter.Info:
   """What one row (along axis 0) of an xs operand of a scan over layers is."""
   op = eqn.operands[index]
   if op.pair is not None:
-    return op.pair._replace(axes=tuple(a - 1 for a in op.pair.axes))
-  return None if op.stream is None else Stream(op.axis - 1, eqn.offset)
+    first, second = op.pair.axes
+    return op.pair._replace(axes=(first - 1, second - 1))
+  return None if op.stream is None else Stream(op.stream.axis - 1, eqn.offset)
 
 
 def _stacked_info(info: interpreter.Info) -> interpreter.Info:
   """What a scan over layers' stacked output is, from one row's info."""
   if isinstance(info, Stream):
     return Stream(info.axis + 1, info.offset)
-  if hasattr(info, "link"):  # two time axes
-    return info._replace(axes=tuple(a + 1 for a in info.axes))
+  if isinstance(info, Pair):
+    first, second = info.axes
+    return info._replace(axes=(first + 1, second + 1))
   return info
 
 
@@ -318,8 +321,8 @@ def while_rule(eqn: Eqn, *, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts
 
   def prefill(args):
     cond_consts, body_consts, init = split(args)
-    init = [frames.prefix_slice(c, info.axis, eqn.offset) if p else c
-            for c, info, p in zip(init, carry, promoted)]
+    init = [frames.prefix_slice(c, info.axis, eqn.offset) if isinstance(info, Stream) and p
+            else c for c, info, p in zip(init, carry, promoted)]
     states = (interpreter.run_prefill(cond, cond_consts + init)[0],
               interpreter.run_prefill(body, body_consts + init)[0])
     if jax.tree.leaves(states):

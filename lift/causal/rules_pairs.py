@@ -186,10 +186,10 @@ def _known_row(whole, compact, query: int, key: int, index, ring: int | None):
   """Row `index` of a known operand, in the ring's slot order under a ring; a band
   mask's rows from its distances, so that a ring decodes past the example's length."""
   row_key = key - (key > query)
-  table = None if ring is None or compact is None else rings.by_distance(
-      compact, query, key, ring)
-  if table is not None:
-    return rings.distance_row(table, row_key, index, ring)
+  if ring is not None and compact is not None:
+    table = rings.by_distance(compact, query, key, ring)
+    if table is not None:
+      return rings.distance_row(table, row_key, index, ring)
   whole = whole if compact is None else compact
   return rings.key_row(frames.step_slice(whole, query, index), row_key, index, ring)
 
