@@ -100,14 +100,10 @@ def check_model(kind, dtype):
   check_scan(g, TOKENS.T, prefill=[3], rtol=bound, atol=bound)
 
 
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16], ids=['float32', 'bfloat16'])
 @pytest.mark.parametrize('kind', KINDS)
-def test_a_mask_and_positions_passed_to_every_layer_convert(kind):
-  check_model(kind, jnp.float32)
-
-
-@pytest.mark.parametrize('kind', ["Stacked(remat='nested')", 'nn.scan'])
-def test_in_bfloat16(kind):
-  check_model(kind, jnp.bfloat16)
+def test_a_mask_and_positions_passed_to_every_layer_convert(kind, dtype):
+  check_model(kind, dtype)
 
 
 class LooksAhead(nn.Module):
