@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax.core import meta
 
 from lift.metadata import add_axis, remove_axis
 
@@ -266,6 +267,18 @@ def row(tree: Any, index: int) -> Any:
 
 
 # -- layouts ------------------------------------------------------------------------------
+
+
+def name_layer_axis(tree: Any, name: str) -> Any:
+  """Every array of ``tree`` with a layer axis that is not in an axis-metadata box, boxed
+  as ``Partitioned`` with ``name`` on that axis (axis 0): the stack's variables all carry
+  the layer axis's name, so `nn.variable_shardings` puts each layer's rows where that
+  name maps, whether or not the block named its own axes."""
+  def box(leaf):
+    if isinstance(leaf, meta.AxisMetadata) or not hasattr(leaf, 'ndim') or leaf.ndim == 0:
+      return leaf
+    return meta.Partitioned(leaf, names=(name,) + (None,) * (leaf.ndim - 1))
+  return jax.tree.map(box, tree, is_leaf=lambda x: isinstance(x, meta.AxisMetadata))
 
 
 def layer_name(prefix: str, index: int) -> str:

@@ -3,8 +3,8 @@
 A pipeline runs each layer on microbatches of ``b`` rows, but dropout in `Stacked` on the
 whole batch draws ``bernoulli(key, p, (M * b, ...))`` once per layer. A *microbatch key*
 carries the layer's key plus the microbatch index ``m``; its bits for a shape
-``(b, ...)`` are rows ``m * b`` to ``(m + 1) * b`` of the bits the plain key gives for
-``(M * b, ...)``. Splitting and folding act on the plain key and keep ``m``, so every key a
+``(b, ...)`` are rows ``m``, ``m + M``, ..., ``m + (b - 1) * M`` of the bits the plain key
+gives for ``(M * b, ...)``: the rows of microbatch m. Splitting and folding act on the plain key and keep ``m``, so every key a
 block derives (``make_rng``, ``fold_in``, ``split``) stays a microbatch key. Draws of a
 scalar shape are the plain key's. The cost: each microbatch computes the bits of the
 whole batch and keeps its rows (M times the bits of an unpipelined draw).
@@ -12,7 +12,7 @@ whole batch and keeps its rows (M times the bits of an unpipelined draw).
 >>> key = jax.random.key(0)
 >>> full = jax.random.bernoulli(key, 0.5, (4, 3))
 >>> parts = [jax.random.bernoulli(microbatch_keys(key, m, 2), 0.5, (2, 3)) for m in (0, 1)]
->>> bool((jnp.concatenate(parts) == full).all())
+>>> bool((jnp.stack(parts, axis=1).reshape(4, 3) == full).all())  # rows m, m + 2
 True
 """
 from __future__ import annotations
@@ -50,8 +50,8 @@ def _impl(count: int, base: str, width: int) -> Any:
     if not shape:
       return jax.random.bits(_plain(data, base), shape, dtype)
     rows = shape[0]
-    whole = jax.random.bits(_plain(data, base), (count * rows, *shape[1:]), dtype)
-    return lax.dynamic_slice_in_dim(whole, data[-1] * rows, rows)
+    whole = jax.random.bits(_plain(data, base), (rows, count, *shape[1:]), dtype)
+    return lax.dynamic_index_in_dim(whole, data[-1], axis=1, keepdims=False)
 
   return jax_random.define_prng_impl(
       key_shape=(width + 1,), seed=seed, split=split, random_bits=random_bits,

@@ -189,7 +189,20 @@ def _put_rows(tree: Any, rows: Any, group: Any, busy: Any) -> Any:
 
 
 def _microbatches(x: Any, count: int) -> Any:
-  return jax.tree.map(lambda a: a.reshape((count, a.shape[0] // count) + a.shape[1:]), x)
+  """``[batch, ...]`` -> ``[count, batch / count, ...]``: microbatch m holds rows m,
+  m + count, m + 2 * count, ... Each microbatch takes rows from every part of the batch,
+  so a batch sharded over a data axis stays on its devices (contiguous microbatches would
+  each live on one data shard, and the partitioner would gather them)."""
+  def split(a):
+    rows = a.reshape((a.shape[0] // count, count) + a.shape[1:])
+    return jnp.swapaxes(rows, 0, 1)
+  return jax.tree.map(split, x)
+
+
+def _joined(microbatches: Any) -> Any:
+  """The inverse of `_microbatches`: ``[count, rows, ...]`` -> ``[count * rows, ...]``."""
+  return jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1).reshape((-1,) + a.shape[2:]),
+                      microbatches)
 
 
 def _by_layer(tree: Any, plan: PipelinePlan) -> Any:
@@ -212,6 +225,24 @@ def _by_layer_and_microbatch(per_tick: Any, plan: PipelinePlan) -> Any:
   return jax.tree.map(one, per_tick)
 
 
+def _per_stage(tree: Any, plan: PipelinePlan) -> Any:
+  """A copy of ``tree`` per stage (``[S, ...]``, the stage axis on ``mesh_axis``): each
+  stage reads its own without communication, and gradients into it add up once, after
+  the loop, rather than over the stages at every tick."""
+  return _constrain(jax.tree.map(
+      lambda a: jnp.broadcast_to(a, (plan.stages,) + a.shape), tree), plan)
+
+
+def _feeds(plan: PipelinePlan) -> tuple[np.ndarray, np.ndarray]:
+  """Per tick, the schedule ``[ticks, S, 2]`` and, for stage 0 and the last stage,
+  ``[ticks, 3]``: the microbatch stage 0 takes, its group, and the microbatch whose last
+  stage output the roll brings to stage 0 (-1: none). Separate from the table, whose stage
+  axis is sharded, so reading them costs no collective."""
+  table = schedule_table(plan.stages, plan.microbatches, plan.repeats)
+  arrived = np.concatenate([[-1], table[:-1, -1, 0]])
+  return table, np.stack([np.maximum(table[:, 0, 0], 0), table[:, 0, 1], arrived], axis=1)
+
+
 def _run(plan: PipelinePlan, layer: Callable[..., Any], per_layer: Any, state: Any, x: Any,
          per_example: Any) -> tuple[Any, Any, Any]:
   """The tick loop over microbatched ``x`` (and ``per_example`` arguments).
@@ -220,16 +251,30 @@ def _run(plan: PipelinePlan, layer: Callable[..., Any], per_layer: Any, state: A
   where ``per_layer`` holds the layer rows of the fixed variables, the rng keys and the
   `per_layer` arguments, and ``examples`` is microbatch m of ``per_example``.
   Returns the output, the carried ``state`` after the last microbatch (layer rows) and
-  what the layers created (``[layers, M, ...]``).
+  what the layers created (``[layers, M, ...]``). The last stage's outputs reach stage 0
+  by the same roll as every hand-over, and stage 0 collects them (``done``): its input
+  for a later repeat, and the output once the loop ends.
   """
-  inputs = _microbatches(x, plan.microbatches)
-  examples = _microbatches(per_example, plan.microbatches)
+  inputs = _per_stage(_microbatches(x, plan.microbatches), plan)  # [S, M, b, ...]
+  examples = _per_stage(_microbatches(per_example, plan.microbatches), plan)
   stage_rows = _constrain(_rows_by_stage(per_layer, plan), plan)
-  first = jax.tree.map(lambda a: a[0], inputs)
-  buffer = jax.tree.map(lambda a: jnp.zeros((plan.stages,) + a.shape, a.dtype), first)
+  buffer = jax.tree.map(lambda a: jnp.zeros((plan.stages,) + a.shape[2:], a.dtype), inputs)
   done = jax.tree.map(jnp.zeros_like, inputs)
+  first = jnp.arange(plan.stages) == 0
 
-  def stage(rows, state, carry, microbatch, group):
+  def collect(done, arriving, arrived):
+    """A stage's record of the last stage's output for microbatch ``arrived``."""
+    return jax.tree.map(lambda d, a: jnp.where(
+        arrived >= 0, d.at[jnp.maximum(arrived, 0)].set(a), d), done, arriving)
+
+  def stage(rows, state, arriving, inputs, done, examples, microbatch, group, first, feeds):
+    """One stage's tick. Every stage keeps a copy of the inputs and of the record of
+    finished microbatches; stage 0's are the ones read, and reading them locally on every
+    stage costs no communication."""
+    feed, repeat, arrived = feeds
+    done = collect(done, arriving, arrived)
+    entering = jax.tree.map(lambda x, d: jnp.where(repeat > 0, d[feed], x[feed]), inputs, done)
+    carry = jax.tree.map(lambda e, a: jnp.where(first, e, a), entering, arriving)
     m = jnp.maximum(microbatch, 0)
     mine = jax.tree.map(lambda a: a[m], examples)
 
@@ -237,31 +282,28 @@ def _run(plan: PipelinePlan, layer: Callable[..., Any], per_layer: Any, state: A
       c, new_state, created = layer(c, *row, mine, m)
       return c, (new_state, created)
     carry, (new_state, created) = jax.lax.scan(step, carry, _stage_rows((rows, state), group))
-    return carry, _put_rows(state, new_state, group, microbatch >= 0), created
+    return carry, _put_rows(state, new_state, group, microbatch >= 0), done, created
 
   def tick(carry, work):
     buffer, state, done = carry
-    microbatch, group = work[:, 0], work[:, 1]
-    feed = jnp.maximum(microbatch[0], 0)  # stage 0 reads the batch, or a later repeat's input
-    entering = jax.tree.map(
-        lambda x, d: jnp.where(group[0] > 0, d[feed], x[feed]), inputs, done)
-    shifted = jax.tree.map(lambda s: jnp.roll(s, 1, axis=0), buffer)
-    stage_inputs = jax.tree.map(lambda s, e: s.at[0].set(e), shifted, entering)
-    stage_inputs = _constrain(stage_inputs, plan)
-    outs, state, created = jax.vmap(stage, spmd_axis_name=plan.mesh_axis)(
-        stage_rows, state, stage_inputs, microbatch, group)
-    outs, state = _constrain(outs, plan), _constrain(state, plan)
-    last = microbatch[-1]  # the last stage's output, where it ran a microbatch
-    done = jax.tree.map(
-        lambda d, o: jnp.where(last >= 0, d.at[jnp.maximum(last, 0)].set(o[-1]), d), done, outs)
-    return (outs, state, done), created
+    table, feeds = work
+    arriving = _constrain(jax.tree.map(lambda s: jnp.roll(s, 1, axis=0), buffer), plan)
+    outs, state, done, created = jax.vmap(
+        stage, in_axes=(0,) * 9 + (None,), spmd_axis_name=plan.mesh_axis)(
+        stage_rows, state, arriving, inputs, done, examples, table[:, 0], table[:, 1], first,
+        feeds)
+    return (_constrain(outs, plan), _constrain(state, plan), _constrain(done, plan)), created
 
-  table = jnp.asarray(schedule_table(plan.stages, plan.microbatches, plan.repeats))
+  table, feeds = _feeds(plan)
   state = _constrain(_rows_by_stage(state, plan), plan)
-  (_, state, done), created = loops.run_scan(tick, (buffer, state, done), table,
-                                             remat=plan.remat)
-  y = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), done)
-  return y, _by_layer(state, plan), _by_layer_and_microbatch(created, plan)
+  (outs, state, done), created = loops.run_scan(
+      tick, (buffer, state, done), (jnp.asarray(table), jnp.asarray(feeds)), remat=plan.remat)
+  last = jax.tree.map(lambda s: jnp.roll(s, 1, axis=0), outs)  # the final hand-over
+  done = jax.vmap(collect, in_axes=(0, 0, None))(done, last, int(table[-1, -1, 0]))
+  # stage 0's record, as a sum over the stages (one all-reduce; its transpose, a broadcast)
+  y = jax.tree.map(lambda d: jnp.sum(jnp.where(
+      first.reshape((-1,) + (1,) * (d.ndim - 1)), d, jnp.zeros_like(d)), axis=0), done)
+  return _joined(y), _by_layer(state, plan), _by_layer_and_microbatch(created, plan)
 
 
 def lifted_pipeline(plan: PipelinePlan, make_block: Any, metadata_params: Any,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+from flax.core import meta
 
 from linen_ext import errors
 
@@ -40,6 +41,11 @@ _NO_MESH = (
     "Stacked.pipeline: mesh_axis={axis!r} but {detail}. Fix: run under "
     "jax.set_mesh(mesh) with a mesh axis {axis!r} of size {stages} (= stages), or "
     'leave mesh_axis=None.')
+_UNNAMED = (
+    "Stacked.pipeline: mesh_axis={axis!r} but the stack does not name its layer axis, so "
+    "nn.variable_shardings would replicate every layer's variables on every device. Fix: "
+    "Stacked(..., metadata_params={{nn.PARTITION_NAME: {axis!r}}}) (or a logical name your "
+    "axis rules map to {axis!r}), and create the variables with it (init).")
 _CARRY = (
     'Stacked.pipeline: the block takes the carry {before} and returns {after}. A '
     'pipeline passes one activation buffer from stage to stage, so every layer returns '
@@ -96,10 +102,13 @@ def check_microbatches(inputs: dict[str, Any], count: Any, stages: int,
     raise errors.MicrobatchError(_CIRCULAR_FEW.format(count=count, stages=stages))
 
 
-def check_mesh_axis(axis: str | None, stages: int) -> None:
-  """``mesh_axis`` is an axis of the current mesh of size ``stages`` (or None)."""
+def check_mesh_axis(axis: str | None, stages: int, metadata_params: Any) -> None:
+  """``mesh_axis`` is an axis of the current mesh of size ``stages`` (or None), and the
+  stack names its layer axis (else its variables would be replicated on every device)."""
   if axis is None:
     return
+  if meta.PARTITION_NAME not in (metadata_params or {}):
+    raise errors.PipelineMeshError(_UNNAMED.format(axis=axis))
   mesh = jax.sharding.get_abstract_mesh()
   names = tuple(getattr(mesh, 'axis_names', ()))
   if axis not in names:

@@ -39,7 +39,7 @@ def run_pipeline(stack: Any, x: Any, args: tuple, kwargs: dict, *, stages: int,
   checks.check_microbatches({'x': x, **dict(zip(call.names, per_example))}, microbatches,
                             stages, schedule)
   check_rows(layer_args, stack.length, 'Stacked.pipeline')
-  checks.check_mesh_axis(mesh_axis, stages)
+  checks.check_mesh_axis(mesh_axis, stages, stack.metadata_params)
   plan = PipelinePlan(stack.length, stages, microbatches, schedule, repeats, mesh_axis,
                       stack.remat)
   if stack.is_initializing():

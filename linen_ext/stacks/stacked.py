@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax.core import FrozenDict
+from flax.core import FrozenDict, meta
 
 import lift
 from lift import loops
@@ -37,8 +37,8 @@ from linen_ext.transforms.lifting import is_module_class
 from linen_ext.module.core import Module
 from linen_ext.describe import loop_name, one_line
 from linen_ext.stacks.pipeline_run import run_pipeline
-from linen_ext.stacks.layout import (LayerArgs, check_rows, layer_name, split_layer_args,
-                                    stacked_to_layers)
+from linen_ext.stacks.layout import (LayerArgs, check_rows, layer_name, name_layer_axis,
+                                    split_layer_args, stacked_to_layers)
 
 _BAD_BLOCK = (
     '{stack}: block {value} is not a Module class. Fix: pass the class '
@@ -298,13 +298,26 @@ class Stacked(LayerStack):
     check_rows(layer_args, self.length, 'Stacked')
     return layer_args
 
+  def _name_layer_axis_at_init(self) -> None:
+    """Under ``init`` with the layer axis named in ``metadata_params``, every variable the
+    stack holds carries that name (`name_layer_axis`); sown values are left as they are."""
+    name = self.metadata_params.get(meta.PARTITION_NAME)
+    if name is None or not self.is_initializing():
+      return
+    for col, tree in self.variables.items():
+      if col != 'intermediates' and self.is_mutable_collection(col):
+        for key, value in tree.items():
+          self.put_variable(col, key, name_layer_axis(value, name))
+
   def _vmapped(self, fn: Callable[..., Any], x: Any, layer_args: LayerArgs) -> Any:
     step = functools.partial(_vmap_step, self._factory(), fn, layer_args)
     mapped = lift.vmap(step, variable_axes={True: 0}, split_rngs={True: True},
                        in_axes=(None, 0), axis_size=self.length,
                        metadata_params=self.metadata_params,
                        _name=loop_name('Stacked', self.block_cls))
-    return mapped(self._bound_scope('Calling Stacked'), x, layer_args.rows)
+    out = mapped(self._bound_scope('Calling Stacked'), x, layer_args.rows)
+    self._name_layer_axis_at_init()
+    return out
 
   def _loop(self, fn: Callable[..., Any], mode: str, x: Any, *args, **kwargs) -> Any:
     layer_args = self._layer_args(args, kwargs)
@@ -314,6 +327,7 @@ class Stacked(LayerStack):
                      remat=self.remat, _draw_once='params',
                      _name=loop_name('Stacked', self.block_cls))
     carry, outs = loop(self._bound_scope(f'Calling Stacked.{mode}'), x, layer_args.rows)
+    self._name_layer_axis_at_init()
     return carry if mode == 'fold' else (carry, outs)
 
 

@@ -54,10 +54,14 @@ class Masked(nn.Module):
     return Same()(x) * mask
 
 
-def _pipeline(block=Same, x=X, args=(), **options):
+def _pipeline(block=Same, x=X, args=(), metadata_params=None, **options):
   options = {'stages': 2, 'microbatches': 2, **options}
   variables = nn.Stacked(Same, N).init(KEY, X)
-  return lambda: nn.Stacked(block, N).apply(variables, x, *args, method='pipeline', **options)
+  stack = nn.Stacked(block, N, metadata_params=metadata_params or {})
+  return lambda: stack.apply(variables, x, *args, method='pipeline', **options)
+
+
+STAGE_NAMED = {nn.PARTITION_NAME: 'stage'}
 
 
 def _on_mesh(size, **options):
@@ -66,7 +70,7 @@ def _on_mesh(size, **options):
 
   def mistake():
     with jax.set_mesh(mesh):
-      return _pipeline(mesh_axis='stage', **options)()
+      return _pipeline(mesh_axis='stage', metadata_params=STAGE_NAMED, **options)()
   return mistake
 
 
@@ -100,6 +104,10 @@ CASES = [
          'leave it out of the variables'),
     case('pipeline mesh axis of another size than stages', _on_mesh(1),
          errors.PipelineMeshError, "mesh_axis='stage'", 'size 1, not stages=2'),
-    case('pipeline mesh axis without a mesh', _pipeline(mesh_axis='stage'),
-         errors.PipelineMeshError, "mesh_axis='stage'", 'no mesh is set'),
+    case('pipeline mesh axis without a mesh', _pipeline(
+        mesh_axis='stage', metadata_params=STAGE_NAMED), errors.PipelineMeshError,
+         "mesh_axis='stage'", 'no mesh is set'),
+    case('pipeline mesh axis on a stack without a layer axis name', _pipeline(mesh_axis='stage'),
+         errors.PipelineMeshError, "mesh_axis='stage'", 'does not name its layer axis',
+         'replicate', "metadata_params={nn.PARTITION_NAME: 'stage'}"),
 ]

@@ -37,7 +37,7 @@ SHARDINGS = [
          '("mlp", None)'),
     case("a stack's layer axis without a rule", _stacked_shardings(
         [('embed', None), ('mlp', 'model')]), errors.LogicalAxisRuleError,
-         'variable params/Dense_0/kernel', 'logical axis "layers"'),
+         'variable params/Dense_0/', 'logical axis "layers"'),
     case('a rule naming a mesh axis the mesh lacks', _shardings(
         LOGICAL, [('embed', None), ('mlp', 'tensor')]), errors.MeshAxisError,
          'variable params/kernel', 'mesh axis "tensor"', "('data', 'model')"),

@@ -34,18 +34,17 @@ def _held(variables):
 
 
 def _sequential_folds(stack, variables):
-  """The oracle: fold on microbatch 0, then on 1, ... (carrying the held collections);
-  returns the joined outputs and (the held collections after the last, each
-  microbatch's sown values stacked on axis 1, after the layer axis)."""
-  rows = X.shape[0] // MICROBATCHES
+  """The oracle: fold on microbatch 0 (rows 0, M, 2M, ...), then on 1, ... (carrying the
+  held collections); returns the joined outputs and (the held collections after the
+  last, each microbatch's sown values stacked on axis 1, after the layer axis)."""
   held, outs, sown = variables, [], []
   for m in range(MICROBATCHES):
-    y, written = stack.apply(held, X[m * rows:(m + 1) * rows], mutable=WRITTEN)
+    y, written = stack.apply(held, X[m::MICROBATCHES], mutable=WRITTEN)
     held = {**held, 'batch_stats': written['batch_stats'], 'counter': written['counter']}
     outs.append(y)
     sown.append(written['intermediates'])
   sown = jax.tree.map(lambda *a: jnp.stack(a, axis=1), *sown)
-  return jnp.concatenate(outs), (held, sown)
+  return jnp.stack(outs, axis=1).reshape(X.shape), (held, sown)
 
 
 def _loss_grads_and_writes(run, variables):

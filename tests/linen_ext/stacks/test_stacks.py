@@ -42,6 +42,37 @@ def flax_vmap(block, n, in_axes=None, **kw):
                   axis_size=n, **kw)
 
 
+def with_layer_names(tree, name='layers'):
+  """Flax's stacked variables as `Stacked` names them when ``metadata_params`` names the
+  layer axis: a variable the block left unboxed gets ``name`` on axis 0 too."""
+  def box(leaf):
+    if isinstance(leaf, meta.AxisMetadata):
+      return leaf
+    return meta.Partitioned(leaf, names=(name,) + (None,) * (leaf.ndim - 1))
+  return jax.tree.map(box, tree, is_leaf=lambda x: isinstance(x, meta.AxisMetadata))
+
+
+def test_with_the_layer_axis_named_every_stacked_variable_carries_the_name():
+  """Unlike `flax.linen.vmap`/`scan` (which leave an unboxed variable unboxed), so that
+  `nn.variable_shardings` never silently replicates a variable of a named stack."""
+  class Plain(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return x + jnp.tanh(nn.BatchNorm(use_running_average=False)(nn.Dense(4)(x)))
+
+  variables = nn.Stacked(Plain, 3, metadata_params=LAYERS_AXIS).init(KEY, X)
+  for path, leaf in jax.tree_util.tree_leaves_with_path(
+      variables, is_leaf=lambda x: isinstance(x, meta.AxisMetadata)):
+    assert isinstance(leaf, meta.Partitioned) and leaf.names[0] == 'layers', path
+  specs = nn.get_partition_spec(variables)
+  assert specs['params']['Dense_0']['kernel'] == jax.sharding.PartitionSpec('layers', None, None)
+  assert specs['batch_stats']['BatchNorm_0']['mean'] == jax.sharding.PartitionSpec('layers', None)
+  plain = nn.Stacked(Plain, 3).init(KEY, X)  # without a name: left as the block made them
+  assert_trees_equal(nn.unbox(variables), plain)
+  assert not any(isinstance(x, meta.AxisMetadata) for x in jax.tree.leaves(
+      plain, is_leaf=lambda x: isinstance(x, meta.AxisMetadata)))
+
+
 def flax_scan(block, n, **kw):
   """`flax.linen.scan` over a block returning the next carry (wrapped to return (carry, None))."""
 
@@ -101,7 +132,8 @@ def blocks(m):
       w = self.param('w', m.with_partitioning(m.initializers.lecun_normal(), ('embed', 'mlp')),
                      (4, 4))
       kernel_init = m.with_partitioning(m.initializers.lecun_normal(), (None, 'mlp'))
-      return jnp.tanh(x @ w + m.Dense(4, kernel_init=kernel_init)(x))
+      bias_init = m.with_partitioning(m.initializers.zeros, ('mlp',))
+      return jnp.tanh(x @ w + m.Dense(4, kernel_init=kernel_init, bias_init=bias_init)(x))
 
   class Native(m.Module):
     @m.compact
@@ -779,8 +811,8 @@ def test_layouts_round_trip_logical_boxes_and_carry_flax_loop_variables_to_stack
     return LBlock
 
   stacked = nn.Stacked(block(nn), 3, metadata_params=LAYERS_AXIS).init(KEY, X)
-  assert_trees_equal(stacked,
-                     flax_vmap(block(fnn), 3, metadata_params=LAYERS_AXIS)().init(KEY, X))
+  flax_stacked = flax_vmap(block(fnn), 3, metadata_params=LAYERS_AXIS)().init(KEY, X)
+  assert_trees_equal(stacked, with_layer_names(flax_stacked))
   layers = nn.stacked_to_layers(stacked, metadata_params=LAYERS_AXIS)
   assert layers['params']['layers_1']['w'].names == ('embed', 'mlp')
   assert_trees_equal(nn.layers_to_stacked(layers, metadata_params=LAYERS_AXIS), stacked)
