@@ -18,7 +18,6 @@ In one child interpreter (JAX fixes the device count when it starts):
 """
 import functools
 import importlib.util
-import os
 import pathlib
 import re
 import sys
