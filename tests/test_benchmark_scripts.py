@@ -1,4 +1,5 @@
 """The benchmark scripts the documentation tells users to run still run, at tiny sizes."""
+import os
 import pathlib
 import subprocess
 import sys
@@ -36,3 +37,15 @@ def test_init_trace_prints_ours_over_flax():
       capture_output=True, text=True, check=False)
   assert run.returncode == 0, run.stdout + run.stderr
   assert all(word in run.stdout for word in ('ours / Flax', 'init', 'apply'))
+
+
+def test_pipeline_memory_prints_bytes_and_collectives_per_stage_count():
+  run = subprocess.run([sys.executable, str(BENCHMARKS / 'pipeline_memory.py'), '--tiny'],
+                       capture_output=True, text=True, check=False,
+                       env={**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8'})
+  assert run.returncode == 0, run.stdout + run.stderr
+  rows = [line for line in run.stdout.splitlines() if line.startswith('| ') and 'x 2' in line]
+  assert len(rows) == 6, run.stdout
+  piped = [row for row in rows if '| pipeline |' in row]
+  assert all('all-gather' not in row for row in piped), piped
+  assert all('collective-permute' in row for row in piped[1:]), piped

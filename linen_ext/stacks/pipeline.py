@@ -176,7 +176,12 @@ def _constrain(tree: Any, plan: PipelinePlan) -> Any:
   return jax.tree.map(one, tree)
 
 
-def _stage_rows(tree: Any, group: Any) -> Any:
+def _stage_rows(tree: Any, group: Any, repeats: int) -> Any:
+  """Group ``group``'s rows. With one group (gpipe) the index is static: the rows of the
+  fixed variables are then loop-invariant, and differentiation keeps them once rather
+  than once per tick."""
+  if repeats == 1:
+    return jax.tree.map(lambda x: x[0], tree)
   return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, group, 0, keepdims=False), tree)
 
 
@@ -281,7 +286,8 @@ def _run(plan: PipelinePlan, layer: Callable[..., Any], per_layer: Any, state: A
     def step(c, row):
       c, new_state, created = layer(c, *row, mine, m)
       return c, (new_state, created)
-    carry, (new_state, created) = jax.lax.scan(step, carry, _stage_rows((rows, state), group))
+    carry, (new_state, created) = jax.lax.scan(step, carry,
+                                               _stage_rows((rows, state), group, plan.repeats))
     return carry, _put_rows(state, new_state, group, microbatch >= 0), done, created
 
   def tick(carry, work):
