@@ -10,7 +10,7 @@ and optimizer state; temporaries) and the collectives of the compiled step, in t
 and outside it.
 
     python examples/benchmarks/pipeline_memory.py           # d_model 256, 8 layers, batch 32
-    python examples/benchmarks/pipeline_memory.py --tiny    # a quick check that it runs
+    python examples/benchmarks/pipeline_memory.py --tiny --stages 1,2   # a quick check
 """
 from __future__ import annotations
 
@@ -89,6 +89,7 @@ def main() -> None:
   parser.add_argument('--layers', type=int, default=8)
   parser.add_argument('--batch', type=int, default=32)
   parser.add_argument('--microbatches', type=int, default=4)
+  parser.add_argument('--stages', default='1,2,4', help='stage counts, each on a stage x 2 mesh')
   parser.add_argument('--tiny', action='store_true', help='tiny sizes: checks that it runs')
   args = parser.parse_args()
   if args.tiny:
@@ -100,7 +101,7 @@ def main() -> None:
         f'{jax.devices()[0].platform}; bytes per device')
   print('| stages x data | program | params + optimizer state | temporaries | collectives |')
   print('|---|---|---|---|---|')
-  for stages in (1, 2, 4):
+  for stages in (int(s) for s in args.stages.split(',')):
     auto = jax.sharding.AxisType.Auto
     mesh = jax.make_mesh((stages, 2), ('stage', 'data'), axis_types=(auto, auto),
                          devices=jax.devices()[:2 * stages])
