@@ -208,7 +208,9 @@ class Stacked(LayerStack):
     remat: checkpoint policy of each layer (False, True, 'full', 'nested',
       'offload', 'save_all' or a `lift.loops.ScanCheckpointPolicy`).
     metadata_params: given to axis-metadata boxes for the layer axis, e.g.
-      ``{nn.PARTITION_NAME: 'layers'}``.
+      ``{nn.PARTITION_NAME: 'layers'}``. With the name, every variable the stack holds
+      carries it on its layer axis: one the block left unboxed is boxed at ``init``
+      (unlike `flax.linen.scan`), so that no variable is replicated silently.
     block_kwargs: options of the block class.
 
   Calling the stack is ``fold``. Not for blocks that differ in code or
