@@ -20,7 +20,6 @@ import traceback
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec as P
 
 import linen_ext as nn
 from tests.helpers import assert_trees_close, assert_trees_equal, run_in_child
@@ -119,7 +118,7 @@ def sharded_init_fits_the_budget(job, results):
   assert per_device <= budget, (per_device, budget, whole)
   variables = compiled(key)
   for path, leaf in jax.tree_util.tree_leaves_with_path(variables):
-    if leaf.sharding.spec != P() and any(dim > 1 for dim in leaf.sharding.shard_shape(leaf.shape)):
+    if not leaf.sharding.is_fully_replicated:
       whole_shape = tuple(leaf.shape)
       assert all(s.data.shape != whole_shape for s in leaf.addressable_shards), path
   assert_trees_close(jax.device_get(variables), jax.jit(lambda k: nn.unbox(model.init(k, example)))(key),
