@@ -16,7 +16,11 @@ The main job of the project, end to end:
   `as_scan` derives from the training-mode model, checked against decoding by
   recomputing the full model on every prefix;
 * orbax checkpoints every ``--checkpoint-every`` steps; ``--resume`` continues
-  from the latest with the same loss curve, on the same mesh or another;
+  from the latest complete one with the same loss curve, on the same mesh or another
+  (or starts at step 0 when there is none yet, as a restarted job needs); SIGTERM or
+  SIGINT finishes the step under way, saves a checkpoint there on every process and
+  exits 0 (a second signal exits at once); a NaN loss stops the run and keeps the last
+  good checkpoint (examples/train_lm_checkpoints.py);
 * on a device mesh (``--mesh data=4,model=2``: FSDP x tensor parallelism; or
   ``--mesh stage=4,data=2 --pipeline-stages 4 --microbatches 8``: the blocks as a
   pipeline, `Stacked.pipeline`, its stages over ``stage``, the same variables), with
@@ -36,6 +40,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import math
 import os
 import pathlib
 import sys
@@ -50,7 +55,8 @@ import optax
 import lift
 import linen_ext as nn
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # its sibling module
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # its sibling modules
+import train_lm_checkpoints as checkpoints  # noqa: E402
 import train_lm_mesh as mesh_lib  # noqa: E402
 
 PLUS, EQUALS = 10, 11  # token ids; the digits are 0-9
@@ -243,35 +249,6 @@ def evaluate(model, params, problems: np.ndarray, task: Addition, check: int):
   return accuracy, bool(np.array_equal(decoded[:check], np.asarray(reference)))
 
 
-# ----------------------------------------------------------------------------- checkpoints
-
-
-def checkpoint_manager(directory: pathlib.Path, every: int):
-  import orbax.checkpoint as ocp
-  options = ocp.CheckpointManagerOptions(save_interval_steps=every, max_to_keep=2)
-  return ocp.CheckpointManager(directory.absolute(), options=options)
-
-
-def save(manager, step: int, state, history: dict) -> None:
-  import orbax.checkpoint as ocp
-  manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                              history=ocp.args.JsonSave(history)))
-
-
-def restore(manager, state):
-  """The latest checkpoint as ``(step, state, history)``; ``state`` gives the structure and
-  the shardings to restore onto (whatever mesh the checkpoint was saved from)."""
-  import orbax.checkpoint as ocp
-  step = manager.latest_step()
-  if step is None:
-    raise SystemExit(f'--resume: no checkpoint in {manager.directory}; run without --resume first.')
-  abstract = jax.tree_util.tree_map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
-  restored = manager.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(abstract), history=ocp.args.JsonRestore()))
-  return step, restored['state'], restored['history']
-
-
 # ----------------------------------------------------------------------------- reporting
 
 
@@ -347,6 +324,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   scale.add_argument('--coordinator', default=None, help=argparse.SUPPRESS)
   scale.add_argument('--crash-after-step', type=int, default=None,  # for tests: a lost worker
                      help=argparse.SUPPRESS)
+  scale.add_argument('--pause-after-step', type=int, default=None,  # for tests: a signal's
+                     help=argparse.SUPPRESS)                        # moment
+  scale.add_argument('--pause-seconds', type=float, default=30.0, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if not 0 <= args.warmup < args.steps:
     parser.error(f'--warmup {args.warmup} must be at least 0 and below --steps {args.steps}')
@@ -378,27 +358,54 @@ def train(args, task, model, state, history, manager, mesh, shardings) -> tuple[
   problems = task.eval_problems(args.eval_problems)
   first, last = len(history['loss']), min(args.steps, args.stop_after or args.steps)
   tokens_per_step = args.batch * (task.length - 1)
-  with progress_bar() as bar:
+  preemption = checkpoints.Preemption()
+  with progress_bar() as bar, preemption.installed():
     shown = bar.add_task('train', total=args.steps, completed=first, loss=float('nan'),
                          rate=0.0, accuracy='-')
     started = time.perf_counter()
     for step in range(first, last):
       state, loss = train_step(state, step)
-      history['loss'].append(float(loss))
       done = step + 1
-      if done == args.crash_after_step and args.process_id == args.processes - 1:
-        os._exit(3)  # as a lost machine would: no clean shutdown
+      check_finite(float(loss), done, manager)
+      history['loss'].append(float(loss))
+      test_hooks(args, done)
       if (done % args.eval_every == 0 or done == args.steps) and jax.process_count() == 1:
         params = mesh_lib.local_params(state['params'])
         accuracy, _ = evaluate(model, params, problems, task, check=0)
         history['accuracy'].append([done, accuracy])
         bar.update(shown, accuracy=f'{accuracy:.3f}')
-      if done % args.checkpoint_every == 0 or done == last:
-        save(manager, done, state, history)
+      periodic = done % args.checkpoint_every == 0 or done == last
+      if periodic:
+        checkpoints.save(manager, done, state, history)
+      if preemption.agreed():
+        if not periodic:
+          checkpoints.save(manager, done, state, history, force=True)
+        manager.wait_until_finished()
+        print(f'stopped after step {done} ({preemption.describe()}): checkpoint {done} is in '
+              f'{manager.directory}; continue with --resume')
+        raise SystemExit(0)
       rate = (done - first) * tokens_per_step / (time.perf_counter() - started)
       bar.update(shown, completed=done, loss=history['loss'][-1], rate=rate)
   manager.wait_until_finished()
   return state, history
+
+
+def check_finite(loss: float, step: int, manager) -> None:
+  """A NaN or infinite loss ends the run, before it reaches a checkpoint."""
+  if not math.isfinite(loss):
+    manager.wait_until_finished()
+    raise SystemExit(f'step {step}: the loss is {loss}, so training stops here; the latest '
+                     f'complete checkpoint, step {manager.latest_step()} in {manager.directory}, '
+                     'is kept. Fix: a lower --learning-rate or longer --warmup, then --resume.')
+
+
+def test_hooks(args, step: int) -> None:
+  """Hidden flags for the tests: a worker lost after a step, a pause to be signalled in."""
+  if step == args.crash_after_step and args.process_id == args.processes - 1:
+    os._exit(3)  # as a lost machine would: no clean shutdown
+  if step == args.pause_after_step:
+    print(f'paused after step {step}', flush=True)
+    time.sleep(args.pause_seconds)
 
 
 def main(argv: Sequence[str] | None = None) -> dict | None:
@@ -413,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
       os._exit(3)  # as a lost machine would: no clean shutdown
   task, model = build(args)
   args.out.mkdir(parents=True, exist_ok=True)
-  manager = checkpoint_manager(args.out / 'checkpoints', args.checkpoint_every)
+  manager = checkpoints.checkpoint_manager(args.out / 'checkpoints', args.checkpoint_every)
   mesh = mesh_lib.make_mesh(mesh_lib.parse_mesh(args.mesh))
   rules = mesh_lib.axis_rules(mesh, args.heads)
   example = jnp.zeros((1, task.length - 1), jnp.int32)
@@ -421,10 +428,13 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
                                            jax.random.key(args.seed), mesh, rules)
   print(f'mesh: {dict(mesh.shape)} over {jax.process_count()} process(es)')
   history = {'loss': [], 'accuracy': []}
-  if args.resume:
-    step, state, history = restore(manager, state)
+  restored = checkpoints.restore(manager, state) if args.resume else None
+  if restored is not None:
+    step, state, history = restored
     print(f'resumed from step {step}')
   else:
+    if args.resume:  # a scheduler restarts a job with the same command line
+      print(f'--resume: no complete checkpoint in {manager.directory} yet; starting at step 0')
     summary = nn.tabulate(model, jax.random.key(args.seed), compute_flops=True, depth=1,
                           console_kwargs={'width': 120, 'force_terminal': sys.stdout.isatty()})
     print(summary(jnp.zeros((1, task.length - 1), jnp.int32)))
