@@ -46,6 +46,7 @@ import pathlib
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -123,29 +124,33 @@ DEFAULT_KERNEL, ZEROS = nn.initializers.lecun_normal(), nn.initializers.zeros_in
 
 
 class Block(nn.Module):
-  """A pre-LN Transformer block: causal self-attention, then an MLP."""
+  """A pre-LN Transformer block: causal self-attention, then an MLP; computed in ``dtype``
+  (the variables stay float32)."""
   d_model: int
   heads: int
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x):  # [batch, length, d_model]
-    h = nn.LayerNorm()(x)
+    h = nn.LayerNorm(dtype=self.dtype)(x)
     head_dim = self.d_model // self.heads
-    q, k, v = (nn.DenseGeneral((self.heads, head_dim), name=name,
+    q, k, v = (nn.DenseGeneral((self.heads, head_dim), name=name, dtype=self.dtype,
                                kernel_init=named(DEFAULT_KERNEL, 'embed', 'heads', 'kv'),
                                bias_init=named(ZEROS, 'heads', 'kv'))(h)
                for name in ('query', 'key', 'value'))
     attended = nn.causal_self_attention(q, k, v)  # as_scan turns it into a KV cache
-    x = x + nn.DenseGeneral(self.d_model, axis=(-2, -1), name='out',
+    x = x + nn.DenseGeneral(self.d_model, axis=(-2, -1), name='out', dtype=self.dtype,
                             kernel_init=named(DEFAULT_KERNEL, 'heads', 'kv', 'embed'))(attended)
-    h = nn.Dense(4 * self.d_model, kernel_init=named(DEFAULT_KERNEL, 'embed', 'mlp'),
-                 bias_init=named(ZEROS, 'mlp'))(nn.LayerNorm()(x))
-    return x + nn.Dense(self.d_model, kernel_init=named(DEFAULT_KERNEL, 'mlp', 'embed'))(
-        nn.gelu(h))
+    h = nn.Dense(4 * self.d_model, dtype=self.dtype,
+                 kernel_init=named(DEFAULT_KERNEL, 'embed', 'mlp'),
+                 bias_init=named(ZEROS, 'mlp'))(nn.LayerNorm(dtype=self.dtype)(x))
+    return x + nn.Dense(self.d_model, dtype=self.dtype,
+                        kernel_init=named(DEFAULT_KERNEL, 'mlp', 'embed'))(nn.gelu(h))
 
 
 class TransformerLM(nn.Module):
-  """Tokens ``[batch, length]`` to next-token logits ``[batch, length, vocab]``."""
+  """Tokens ``[batch, length]`` to next-token logits ``[batch, length, vocab]``, computed in
+  ``dtype`` (float32 or bfloat16; the variables stay float32)."""
   vocab: int
   max_length: int
   d_model: int = 64
@@ -155,25 +160,28 @@ class TransformerLM(nn.Module):
   pipeline_stages: int = 1  # > 1: the blocks run as a pipeline (Stacked.pipeline)
   microbatches: int = 1
   stage_axis: str | None = None  # the mesh axis the stages are spread over
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, tokens):
     length = tokens.shape[-1]
     positions = self.param('positions', named(nn.initializers.normal(0.02), 'length', 'embed'),
                            (self.max_length, self.d_model))
-    embed = nn.Embed(self.vocab, self.d_model,
+    embed = nn.Embed(self.vocab, self.d_model, dtype=self.dtype,
                      embedding_init=named(nn.linear.default_embed_init, 'vocab', 'embed'))
-    x = embed(tokens) + positions[None, :length]
+    x = embed(tokens) + positions[None, :length].astype(self.dtype)
     blocks = nn.Stacked(Block, self.depth, remat=self.remat,
-                        block_kwargs={'d_model': self.d_model, 'heads': self.heads},
+                        block_kwargs={'d_model': self.d_model, 'heads': self.heads,
+                                      'dtype': self.dtype},
                         metadata_params={nn.PARTITION_NAME: 'layers'}, name='blocks')
     if self.pipeline_stages > 1:  # the same variables, so one checkpoint serves both
       x = blocks.pipeline(x, stages=self.pipeline_stages, microbatches=self.microbatches,
                           mesh_axis=self.stage_axis)
     else:
       x = blocks(x)
-    head = nn.Dense(self.vocab, kernel_init=named(DEFAULT_KERNEL, 'embed', 'vocab'), name='head')
-    return head(nn.LayerNorm()(x))
+    head = nn.Dense(self.vocab, kernel_init=named(DEFAULT_KERNEL, 'embed', 'vocab'),
+                    dtype=self.dtype, name='head')
+    return head(nn.LayerNorm(dtype=self.dtype)(x))
 
 
 # ----------------------------------------------------------------------------- training
@@ -189,7 +197,7 @@ def make_optimizer(args) -> optax.GradientTransformation:
 
 def answer_loss(params, model, tokens, task: Addition):
   """Cross-entropy of the answer digits, each predicted from the tokens before it."""
-  logits = model.apply({'params': params}, tokens[:, :-1])
+  logits = model.apply({'params': params}, tokens[:, :-1]).astype(jnp.float32)
   losses = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
   return losses[:, task.prompt_length - 1:].mean()
 
@@ -289,6 +297,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   size.add_argument('--depth', type=int, default=4, help='Transformer blocks (nn.Stacked)')
   size.add_argument('--width', type=int, default=64, help='d_model')
   size.add_argument('--heads', type=int, default=4, help='attention heads')
+  size.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'],
+                    help='compute dtype of the model (variables, optimizer state and loss '
+                    'stay float32)')
   size.add_argument('--remat', default='nested',
                     choices=['none', 'full', 'nested', 'save_all', 'offload'],
                     help="the layer stack's checkpoint policy")
@@ -336,7 +347,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def build(args):
   task = Addition(args.digits)
   model = TransformerLM(VOCAB, task.length, d_model=args.width, heads=args.heads,
-                        depth=args.depth, remat=False if args.remat == 'none' else args.remat)
+                        depth=args.depth, remat=False if args.remat == 'none' else args.remat,
+                        dtype=jnp.dtype(args.dtype))
   return task, model
 
 
@@ -368,7 +380,6 @@ def train(args, task, model, state, history, manager, mesh, shardings) -> tuple[
       done = step + 1
       check_finite(float(loss), done, manager)
       history['loss'].append(float(loss))
-      test_hooks(args, done)
       if (done % args.eval_every == 0 or done == args.steps) and jax.process_count() == 1:
         params = mesh_lib.local_params(state['params'])
         accuracy, _ = evaluate(model, params, problems, task, check=0)
@@ -376,7 +387,8 @@ def train(args, task, model, state, history, manager, mesh, shardings) -> tuple[
         bar.update(shown, accuracy=f'{accuracy:.3f}')
       periodic = done % args.checkpoint_every == 0 or done == last
       if periodic:
-        checkpoints.save(manager, done, state, history)
+        checkpoints.save(manager, done, state, history)  # written in the background
+      fault_hooks(args, done, preemption)
       if preemption.agreed():
         if not periodic:
           checkpoints.save(manager, done, state, history, force=True)
@@ -399,13 +411,17 @@ def check_finite(loss: float, step: int, manager) -> None:
                      'is kept. Fix: a lower --learning-rate or longer --warmup, then --resume.')
 
 
-def test_hooks(args, step: int) -> None:
-  """Hidden flags for the tests: a worker lost after a step, a pause to be signalled in."""
-  if step == args.crash_after_step and args.process_id == args.processes - 1:
+def fault_hooks(args, step: int, preemption) -> None:
+  """Hidden flags for the tests: a worker lost after a step; a pause of the last process
+  (until a signal arrives) in which a test signals or kills it."""
+  last = args.process_id in (None, args.processes - 1)
+  if step == args.crash_after_step and last:
     os._exit(3)  # as a lost machine would: no clean shutdown
-  if step == args.pause_after_step:
-    print(f'paused after step {step}', flush=True)
-    time.sleep(args.pause_seconds)
+  if step == args.pause_after_step and last:
+    print(f'paused after step {step} (pid {os.getpid()})', flush=True)
+    deadline = time.monotonic() + args.pause_seconds
+    while time.monotonic() < deadline and preemption.received is None:
+      time.sleep(0.02)
 
 
 def main(argv: Sequence[str] | None = None) -> dict | None:

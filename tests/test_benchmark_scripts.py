@@ -50,3 +50,17 @@ def test_pipeline_memory_prints_bytes_and_collectives_per_stage_count():
   piped = [row for row in rows if '| pipeline |' in row]
   assert all('all-gather' not in row for row in piped), piped
   assert all('collective-permute' in row for row in piped[1:]), piped
+
+
+def test_device_check_prints_its_table_on_cpu(tmp_path):
+  """The prepared accelerator check, at tiny sizes (compiled without LLVM's optimisation:
+  only that it runs is checked here)."""
+  run = subprocess.run(['bash', str(BENCHMARKS / 'device_check.sh'), '--tiny'],
+                       capture_output=True, text=True, check=False,
+                       env={**os.environ, 'PYTHON': sys.executable, 'OUT': str(tmp_path),
+                            'XLA_FLAGS': '--xla_backend_optimization_level=0'})
+  assert run.returncode == 0, run.stdout + run.stderr
+  assert run.stdout.startswith('Device: cpu'), run.stdout
+  rows = [line for line in run.stdout.splitlines() if line.startswith('| ') and 'x' in line]
+  assert len(rows) == 10, run.stdout  # 3 loops, 3 remat policies, 4 decoders
+  assert (tmp_path / 'device_check.md').read_text() == run.stdout

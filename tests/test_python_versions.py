@@ -2,9 +2,10 @@
 
 Numerics do not depend on the interpreter (the same jaxlib compiles the same programs),
 so these runs cover what does: scopes, `pack` and the lifted transforms, the Module
-system (dataclasses, descriptors, method wrapping, threads), layer stacks, the flax
-adapter and the error messages; the sweeps over remat policies and the property tests
-run on 3.11 only. Each version gets a fresh venv with the dependencies pyproject.toml
+system (dataclasses, descriptors, method wrapping, threads), the flax adapter and the
+error messages (the misuse catalogue runs every layer stack and pipeline mistake); the
+stacks' numerics, the sweeps over remat policies and the property tests run on 3.11
+only. Each version gets a fresh venv with the dependencies pyproject.toml
 lists, and imports the package from the working tree. The runs share the suite's
 compilation cache (what they compile first, the rest of the suite finds compiled), and are
 collected first, as the other long tests.
@@ -26,8 +27,7 @@ CORE = [
     'tests/lift/test_map_variables.py', 'tests/lift/test_autodiff.py',
     'tests/lift/test_tracer_leaks.py', 'tests/lift/loops/test_stacking.py',
     'tests/lift/as_scan/test_as_scan.py', 'tests/linen_ext/module',
-    'tests/linen_ext/layers/test_nnx_bridge.py', 'tests/linen_ext/stacks/test_stacks.py',
-    'tests/linen_ext/stacks/test_pipeline.py', 'tests/test_misuse_catalogue.py',
+    'tests/linen_ext/layers/test_nnx_bridge.py', 'tests/test_misuse_catalogue.py',
     'tests/test_threads.py',
 ]
 SWEEPS = 'not (every_policy or policies_keep_hessians or 300)'

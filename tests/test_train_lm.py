@@ -8,6 +8,7 @@ import re
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -91,3 +92,37 @@ def test_the_task_is_addition_with_the_sum_reversed(train_lm):
   # Evaluation draws only problems that training never sees.
   assert task.held_out(*operands(task.eval_problems(64))).all()
   assert not task.held_out(*operands(np.asarray(task.train_batch(jax.random.key(0), 4096)))).any()
+
+
+def _equations(jaxpr):
+  """Every equation of a jaxpr and of the jaxprs inside it (loops, remat, calls)."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for value in eqn.params.values():
+      for inner in value if isinstance(value, (tuple, list)) else (value,):
+        inner = getattr(inner, 'jaxpr', inner)
+        if hasattr(inner, 'eqns'):
+          yield from _equations(inner)
+
+
+def test_bfloat16_computes_in_bfloat16_with_float32_variables_and_loss(train_lm):
+  """--dtype bfloat16 through nn.Stacked with remat='nested', the pipeline and decoding."""
+  import linen_ext as nn
+  args = train_lm.parse_args(TINY + ['--dtype', 'bfloat16', '--pipeline-stages', '2',
+                                     '--microbatches', '2'])
+  task, model = train_lm.build(args)
+  tokens = task.train_batch(jax.random.key(0), 4)
+  mesh = train_lm.mesh_lib.make_mesh(train_lm.mesh_lib.parse_mesh('data=1'))
+  piped = train_lm.pipelined(model, args, mesh)
+  with jax.numpy_dtype_promotion('standard'):
+    params = nn.unbox(model.init(jax.random.key(0), tokens[:, :-1]))['params']
+    assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+    closed = jax.make_jaxpr(lambda p: piped.apply({'params': p}, tokens[:, :-1]))(params)
+    products = [e for e in _equations(closed.jaxpr) if e.primitive.name == 'dot_general']
+    assert products and {e.outvars[0].aval.dtype for e in products} == {
+        jnp.dtype(jnp.bfloat16)}, {e.outvars[0].aval.dtype for e in products}
+    assert closed.out_avals[0].dtype == jnp.bfloat16  # the logits
+    loss = train_lm.answer_loss(params, piped, tokens, task)
+    assert loss.dtype == jnp.float32
+    _, matches = train_lm.evaluate(model, params, task.eval_problems(8), task, check=8)
+  assert matches  # the derived bfloat16 decoder gives recomputation's tokens
