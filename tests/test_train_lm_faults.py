@@ -6,7 +6,6 @@ it. The oracle is the uninterrupted run's history: after the fault and ``--resum
 losses and accuracies are equal (the same compiled step on the same state and data).
 A NaN loss is made with a learning rate no optimizer survives.
 """
-import json
 import os
 import pathlib
 import signal
