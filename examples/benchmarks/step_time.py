@@ -13,6 +13,7 @@ temporary buffers afresh each time, so every temporary byte is faulted in).
 
     python examples/benchmarks/step_time.py                     # depth 16, 7 rounds
     python examples/benchmarks/step_time.py --depths 16 64 --rounds 5
+    python examples/benchmarks/step_time.py --dtype bfloat16
 """
 from __future__ import annotations
 
@@ -39,10 +40,11 @@ def max_grad_difference(grads, reference, name: str) -> float:
   return max(jax.tree.leaves(diffs))
 
 
-def compiled_steps(depth: int, names: list[str], cfg: Config):
-  """For each variant: the compiled step and its parameters; checks values against lax.scan."""
-  stacked = init_params(jax.random.key(0), depth, cfg)
-  x = jax.random.normal(jax.random.key(1), (cfg.batch, cfg.seq, cfg.d_model))
+def compiled_steps(depth: int, names: list[str], cfg: Config, dtype=np.float32):
+  """For each variant: the compiled step and its parameters (in ``dtype``); checks values
+  against lax.scan."""
+  stacked = jax.tree.map(lambda a: a.astype(dtype), init_params(jax.random.key(0), depth, cfg))
+  x = jax.random.normal(jax.random.key(1), (cfg.batch, cfg.seq, cfg.d_model), dtype)
   steps, reference = {}, None
   for name in ["lax.scan"] + [n for n in names if n != "lax.scan"]:
     variant = variants(depth, cfg)[name]
@@ -86,14 +88,16 @@ def main() -> None:
   parser.add_argument("--variants", nargs="+", default=None,
                       help="subset of: " + ", ".join(variants(1, Config())))
   parser.add_argument("--rounds", type=int, default=7, help="timed steps per variant")
+  parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                      help="dtype of the parameters and activations")
   args = parser.parse_args()
   cfg = Config()
   names = args.variants or list(variants(1, cfg))
-  print(f"{cfg}, backend {jax.default_backend()}, jax {jax.__version__}, "
+  print(f"{cfg}, {args.dtype}, backend {jax.default_backend()}, jax {jax.__version__}, "
         f"median of {args.rounds} interleaved steps")
   for depth in args.depths:
     print(f"depth {depth}: compiling and checking")
-    steps, x = compiled_steps(depth, names, cfg)
+    steps, x = compiled_steps(depth, names, cfg, jax.numpy.dtype(args.dtype))
     costs = time_rounds({n: steps[n] for n in names if n in steps}, x, args.rounds)
     median = lambda name, field: statistics.median(getattr(c, field) for c in costs[name])
     reference = median("lax.scan", "seconds") if "lax.scan" in costs else None
