@@ -103,3 +103,20 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(train_lm, t
   step = int(str(stopped.value).split(':')[0].split()[-1])  # 'step N: the loss is nan ...'
   assert all(kept < step for kept in complete_steps(tmp_path)), (step, complete_steps(tmp_path))
   assert f'step {max(complete_steps(tmp_path), default=None)} in' in str(stopped.value)
+
+
+def test_a_second_signal_exits_at_once():
+  """The first signal is noted (the job saves and stops after its step); a second one, while
+  the job is still at work, ends the process at once, as the default handler would."""
+  code = ('import os, signal, time\n'
+          'import train_lm_checkpoints as checkpoints\n'
+          'preemption = checkpoints.Preemption()\n'
+          'with preemption.installed():\n'
+          '  os.kill(os.getpid(), signal.SIGTERM)\n'
+          '  print("noted", preemption.received == signal.SIGTERM, flush=True)\n'
+          '  os.kill(os.getpid(), signal.SIGTERM)\n'
+          '  time.sleep(30)\n')
+  proc = subprocess.run([sys.executable, '-c', code], cwd=EXAMPLE.parent, capture_output=True,
+                        text=True, timeout=60)
+  assert proc.stdout == 'noted True\n', proc.stdout + proc.stderr
+  assert proc.returncode == 128 + signal.SIGTERM
