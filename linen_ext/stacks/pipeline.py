@@ -248,6 +248,13 @@ def _feeds(plan: PipelinePlan) -> tuple[np.ndarray, np.ndarray]:
   return table, np.stack([np.maximum(table[:, 0, 0], 0), table[:, 0, 1], arrived], axis=1)
 
 
+def _collect(done: Any, arriving: Any, arrived: Any) -> Any:
+  """A stage's record of finished microbatches with ``arriving``, the last stage's output
+  for microbatch ``arrived`` (-1: none)."""
+  return jax.tree.map(lambda d, a: jnp.where(
+      arrived >= 0, d.at[jnp.maximum(arrived, 0)].set(a), d), done, arriving)
+
+
 def _run(plan: PipelinePlan, layer: Callable[..., Any], per_layer: Any, state: Any, x: Any,
          per_example: Any) -> tuple[Any, Any, Any]:
   """The tick loop over microbatched ``x`` (and ``per_example`` arguments).
@@ -267,17 +274,12 @@ def _run(plan: PipelinePlan, layer: Callable[..., Any], per_layer: Any, state: A
   done = jax.tree.map(jnp.zeros_like, inputs)
   first = jnp.arange(plan.stages) == 0
 
-  def collect(done, arriving, arrived):
-    """A stage's record of the last stage's output for microbatch ``arrived``."""
-    return jax.tree.map(lambda d, a: jnp.where(
-        arrived >= 0, d.at[jnp.maximum(arrived, 0)].set(a), d), done, arriving)
-
   def stage(rows, state, arriving, inputs, done, examples, microbatch, group, first, feeds):
     """One stage's tick. Every stage keeps a copy of the inputs and of the record of
     finished microbatches; stage 0's are the ones read, and reading them locally on every
     stage costs no communication."""
     feed, repeat, arrived = feeds
-    done = collect(done, arriving, arrived)
+    done = _collect(done, arriving, arrived)
     entering = jax.tree.map(lambda x, d: jnp.where(repeat > 0, d[feed], x[feed]), inputs, done)
     carry = jax.tree.map(lambda e, a: jnp.where(first, e, a), entering, arriving)
     m = jnp.maximum(microbatch, 0)
@@ -305,7 +307,7 @@ def _run(plan: PipelinePlan, layer: Callable[..., Any], per_layer: Any, state: A
   (outs, state, done), created = loops.run_scan(
       tick, (buffer, state, done), (jnp.asarray(table), jnp.asarray(feeds)), remat=plan.remat)
   last = jax.tree.map(lambda s: jnp.roll(s, 1, axis=0), outs)  # the final hand-over
-  done = jax.vmap(collect, in_axes=(0, 0, None))(done, last, int(table[-1, -1, 0]))
+  done = jax.vmap(_collect, in_axes=(0, 0, None))(done, last, int(table[-1, -1, 0]))
   # stage 0's record, as a sum over the stages (one all-reduce; its transpose, a broadcast)
   y = jax.tree.map(lambda d: jnp.sum(jnp.where(
       first.reshape((-1,) + (1,) * (d.ndim - 1)), d, jnp.zeros_like(d)), axis=0), done)
