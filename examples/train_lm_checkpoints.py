@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
 import signal
@@ -28,7 +29,10 @@ def checkpoint_manager(directory: pathlib.Path, every: int):
 
 
 def save(manager, step: int, state, history: dict, *, force: bool = False) -> None:
+  """Starts writing a checkpoint of ``step`` in the background. The history is copied
+  first: the loop goes on appending to it while orbax writes."""
   import orbax.checkpoint as ocp
+  history = json.loads(json.dumps(history))
   manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                               history=ocp.args.JsonSave(history)),
                force=force)

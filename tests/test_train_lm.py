@@ -70,11 +70,6 @@ def test_resume_continues_the_same_loss_curve(train_lm, whole_run, tmp_path):
   assert resumed['accuracy'] == whole['accuracy']
 
 
-def test_resume_without_a_checkpoint_says_so(train_lm, tmp_path):
-  with pytest.raises(SystemExit, match='no checkpoint'):
-    train_lm.main(TINY + ['--out', str(tmp_path), '--resume'])
-
-
 def test_warmup_must_fit_in_the_steps(train_lm, capsys):
   with pytest.raises(SystemExit):
     train_lm.main(TINY + ['--warmup', '8'])

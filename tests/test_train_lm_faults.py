@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import pytest
 
 from tests.test_train_lm import EXAMPLE, TINY, run, train_lm, whole_run  # noqa: F401 (fixtures)
@@ -120,3 +121,18 @@ def test_a_second_signal_exits_at_once():
                         text=True, timeout=60)
   assert proc.stdout == 'noted True\n', proc.stdout + proc.stderr
   assert proc.returncode == 128 + signal.SIGTERM
+
+
+def test_a_checkpoint_holds_the_history_of_its_step(tmp_path):
+  """Orbax writes in the background while the loop appends to the history: the checkpoint
+  keeps the history as it was at its step."""
+  sys.path.insert(0, str(EXAMPLE.parent))
+  import train_lm_checkpoints as checkpoints
+  manager = checkpoints.checkpoint_manager(tmp_path, 1)
+  state = {'w': jax.numpy.zeros(3)}
+  history = {'loss': [1.0, 2.0], 'accuracy': []}
+  checkpoints.save(manager, 2, state, history)
+  history['loss'].append(3.0)  # the next step's loss, at once
+  manager.wait_until_finished()
+  step, _, restored = checkpoints.restore(manager, state)
+  assert (step, restored['loss']) == (2, [1.0, 2.0])
