@@ -72,7 +72,8 @@ def _uniform_along(value: Any, axis: int) -> bool:
   """Whether a concrete `value` (a hoisted constant: zeros, a broadcast table) has every
   element along `axis` alike, so that any step may read the first."""
   if (isinstance(value, _compat.Tracer) or not isinstance(value, (np.ndarray, jax.Array))
-      or np.size(value) > _UNIFORM_CHECK_SIZE):
+      or np.size(value) > _UNIFORM_CHECK_SIZE
+      or not getattr(value, 'is_fully_addressable', True)):  # parts on other processes
     return False
   array = np.asarray(value)
   return bool(np.all(array == np.take(array, [0], axis)))
