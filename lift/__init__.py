@@ -9,7 +9,7 @@
 from lift import _compat, errors, loops
 from lift.causal import (Generated, Sampling, as_scan, as_scan_with_prefill,
                          causal_self_attention, custom_causal, generate, register_scan_rule)
-from lift.errors import (CacheLengthError, DecodeArgumentError, InvalidScopeError, LiftError,
+from lift.errors import (CacheLengthError, DecodeArgumentError, InvalidScopeError, LiftError, ScanRewriteError,
                          ScanConversionError)
 from lift.filters import (CollectionFilter, DenyList, Filter, PRNGSequenceFilter,
                           group_collections, in_filter, intersect_filters,
@@ -21,6 +21,7 @@ from lift.scope import Scope, Variable
 from lift.remat_scan import remat_scan
 from lift.axes import broadcast
 from lift.scan import scan
+from lift.scan_rewrites import ScanReport, explain_scans, optimize_scans
 from lift.vmap import In, Out, vmap
 from lift.shard_map import shard_map
 from lift.autodiff import custom_vjp, jvp, value_and_grad, vjp

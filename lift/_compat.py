@@ -167,3 +167,37 @@ def lower_stack(ctx, avals, rows):
 def is_undefined_primal(x) -> bool:
   """Whether `x` is an operand being transposed (not a known value)."""
   return _ad.is_undefined_primal(x)
+
+
+# --- scan rewrites (lift.scan_rewrites): equation contexts and sub-jaxpr parameters.
+import contextlib as _contextlib
+
+
+@_contextlib.contextmanager
+def equation_context(eqn: JaxprEqn | None):
+  """Binds made inside keep `eqn`'s source location, name stack and context."""
+  if eqn is None:
+    yield
+    return
+  name_stack = _source_info_util.current_name_stack() + eqn.source_info.name_stack
+  with (_source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
+        eqn.ctx.manager):
+    yield
+
+
+def traced_jaxpr(flat_fn, avals: list) -> ClosedJaxpr:
+  """The closed jaxpr of ``flat_fn`` on abstract values `avals` (weak types kept)."""
+  specs = [_jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+  return _jax.make_jaxpr(flat_fn)(*specs)
+
+
+def subjaxprs(eqn: JaxprEqn) -> list[Jaxpr]:
+  """The (open) jaxprs in `eqn`'s parameters: a scan's body, a cond's branches, ..."""
+  found = []
+  for value in eqn.params.values():
+    for sub in value if isinstance(value, tuple) else (value,):
+      if isinstance(sub, ClosedJaxpr):
+        found.append(sub.jaxpr)
+      elif isinstance(sub, Jaxpr):
+        found.append(sub)
+  return found

@@ -492,3 +492,8 @@ class ShardingShapeError(ShardingError):
         'make that dimension a multiple of the mesh axes\' size, shard it over other (or '
         'fewer) mesh axes, or map its logical name to None in the axis rules.')
     self.shape, self.spec = tuple(shape), spec
+
+
+class ScanRewriteError(LiftError, ValueError):
+  """`optimize_scans` was asked for a rewrite it does not know, or given a bad
+  `rewrites` argument; the message lists the rewrites there are."""
