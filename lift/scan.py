@@ -36,6 +36,7 @@ from lift.metadata import add_group_axes, move_axis, remove_group_axes
 from lift.pack import pack
 from lift.rng import RngCounters
 from lift.scope import Scope
+from lift.scan_rewrites import check_optimize
 from lift.axes import (MappedAxes, broadcast, is_unmapped, MappedLeaf, check_axis_leaves, check_size,
                        check_split_rngs, check_variable_axes, infer_axis_size,
                        leaf_axes, leaf_axis_size, mapped_arguments,
@@ -70,6 +71,7 @@ class ScanConfig(MappedAxes):
   data_transform: Callable[..., Any] | None = None
   remat: Any = False
   split_transpose: bool = False
+  optimize: Any = False
   draw_once: Filter = False
   name: str = 'scan'  # in messages and scope paths: a client's loop says what it is
 
@@ -334,7 +336,7 @@ def _run_loop(step: _Step | _TracedStep, config: ScanConfig, carry: LoopCarry,
               xs: StepInputs, length: int):
   return loops.run_scan(step, carry, xs, length=length, reverse=config.reverse,
                         unroll=config.unroll, remat=config.remat,
-                        split_transpose=config.split_transpose)
+                        split_transpose=config.split_transpose, optimize=config.optimize)
 
 
 def _peeled_loop(step: _Step | _TracedStep, config: ScanConfig, carry: LoopCarry, xs: StepInputs,
@@ -427,7 +429,7 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
          unroll: int | bool = 1, _split_transpose: bool = False,
          data_transform: Callable[..., Any] | None = None,
          metadata_params: Mapping[Any, Any] = {},  # noqa: B006 (Flax's defaults)
-         check_constancy_invariants: bool = True, remat: Any = False,
+         check_constancy_invariants: bool = True, remat: Any = False, optimize: Any = False,
          _draw_once: Filter = False, _name: str = 'scan') -> Callable[..., Any]:
   """Lifted ``lax.scan`` of ``fn(scope, carry, *xs) -> (carry, ys)``.
 
@@ -457,6 +459,8 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
     check_constancy_invariants: False draws Flax's keys for it (one trace where
       nothing is created); the check runs either way.
     remat: each step's checkpoint policy, as ``lift.loops.resolve_remat`` takes it.
+    optimize: rewrite the loop with ``lift.optimize_scans``: True lets its cost
+      model decide, a sequence of rewrite names applies those. Default False.
 
   Not for loops of unknown length: use ``while_loop``.
 
@@ -472,11 +476,12 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
                              hint=', or variable_broadcast for collections shared by every step')
   _, splits = check_split_rngs('scan', split_rngs)
   loops.resolve_remat(remat)
+  check_optimize(optimize)
   config = ScanConfig(  # MappedAxes' fields, then the loop's
       axes, splits, check_axis_leaves('scan', 'in_axes', in_axes, is_unmapped, 'lift.broadcast'),
       check_axis_leaves('scan', 'out_axes', out_axes, is_unmapped, 'lift.broadcast'),
       check_size('scan', 'length', length), dict(metadata_params), reverse, unroll,
-      data_transform, remat, _split_transpose,
+      data_transform, remat, _split_transpose, optimize,
       _draw_once if check_constancy_invariants else True, _name)
   return build_scan(fn, variable_broadcast, variable_carry, split_rngs, config)
 

@@ -5,6 +5,7 @@ Every loop (curried scan/fold/map, taps, the lifted scan, layer stacks) calls
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from lift.errors import RematPolicyError, ScanLengthError
 from lift.loops import _messages
 from lift.loops.nested import nested_scan, plan_blocks
 from lift.loops.policies import Remat, checkpoint_step, on_this_backend, resolve_remat
+from lift.scan_rewrites import optimize_scans
 
 
 def scan_length(xs: Any, length: int | None = None) -> int:
@@ -55,7 +57,7 @@ def scan_length(xs: Any, length: int | None = None) -> int:
 def run_scan(body: Callable[[Any, Any], tuple[Any, Any]], init: Any, xs: Any, *,
              length: int | None = None, reverse: bool = False,
              unroll: int | bool = 1, remat: Remat = False,
-             split_transpose: bool = False) -> tuple[Any, Any]:
+             split_transpose: bool = False, optimize: Any = False) -> tuple[Any, Any]:
   """`jax.lax.scan(body, init, xs, length, reverse, unroll)` under a checkpoint policy.
 
   Same semantics as `lax.scan`: every leaf of `xs` is scanned along axis 0,
@@ -64,6 +66,8 @@ def run_scan(body: Callable[[Any, Any], tuple[Any, Any]], init: Any, xs: Any, *,
   `ScanCheckpointPolicy` included); values and gradients do not depend on it,
   only what is kept for the backward pass does. `split_transpose` is
   `lax.scan`'s experimental `_split_transpose` (not with nested remat).
+  `optimize` rewrites the loop with `lift.optimize_scans`: True lets its cost
+  model decide, a sequence of rewrite names applies those (False: as written).
   Not the friendliest entry point for user code: the curried `scan` takes an
   ``axis`` and checks ``remat`` when it is built.
 
@@ -78,6 +82,11 @@ def run_scan(body: Callable[[Any, Any], tuple[Any, Any]], init: Any, xs: Any, *,
     >>> float(carry), ys.tolist()
     (6.0, [0.0, 0.0, 1.0, 3.0])
   """
+  if optimize is not False:
+    rewrites = None if optimize is True else optimize
+    loop = functools.partial(run_scan, body, length=length, reverse=reverse, unroll=unroll,
+                             remat=remat, split_transpose=split_transpose)
+    return optimize_scans(loop, rewrites=rewrites)(init, xs)
   policy = resolve_remat(remat)
   steps = scan_length(xs, length)
   options: dict[str, Any] = dict(length=steps, reverse=reverse, unroll=unroll,

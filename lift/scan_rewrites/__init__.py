@@ -5,7 +5,7 @@ registration order below is the order they run in.
 """
 from lift.scan_rewrites import (remove_unused_inputs, merge_inouts, push_out_non_seq,  # noqa: F401
                                 push_out_seq, push_out_scan_output, save_mem, merge)
-from lift.scan_rewrites.api import ScanReport, count_scans, explain_scans, optimize_scans
+from lift.scan_rewrites.api import ScanReport, check_optimize, count_scans, explain_scans, optimize_scans
 from lift.scan_rewrites.registry import REWRITES, Decision
 
-__all__ = ['REWRITES', 'Decision', 'ScanReport', 'count_scans', 'explain_scans', 'optimize_scans']
+__all__ = ['REWRITES', 'Decision', 'ScanReport', 'check_optimize', 'count_scans', 'explain_scans', 'optimize_scans']

@@ -32,6 +32,18 @@ def _selected(rewrites) -> tuple[tuple[str, ...], bool]:
   return tuple(rewrites), False
 
 
+def check_optimize(optimize: Any, where: str = 'scan') -> None:
+  """Validates a module-level ``optimize=`` (False, True or rewrite names) when a loop is built."""
+  if isinstance(optimize, bool):
+    return
+  try:
+    _selected(optimize)
+  except (ScanRewriteError, TypeError):
+    raise ScanRewriteError(
+        f'{where}: `optimize` must be False, True (the cost model decides) or a sequence of '
+        f'rewrite names, got {optimize!r}. Known rewrites: {", ".join(REWRITES)}.') from None
+
+
 def _trace(fn, args, kwargs):
   leaves, in_tree = jax.tree.flatten((args, kwargs))
   out_tree = []

@@ -94,7 +94,9 @@ class RNN(Module):
   ``reverse=True`` runs from the last step to the first (and returns the
   outputs in that order unless ``keep_order``). The ``variable_*`` and
   ``split_rngs`` fields go to the lifted `scan`. Not for one step at a time
-  (decoding): call the cell itself with its carry.
+  (decoding): call the cell itself with its carry. ``optimize=True`` rewrites
+  the loop with `lift.optimize_scans` (its cost model decides; default off, as
+  Flax's RNN).
 
   Examples:
     >>> rnn, x = nn.RNN(nn.GRUCell(3), return_carry=True), jnp.ones((2, 5, 4))
@@ -109,6 +111,7 @@ class RNN(Module):
   reverse: bool = False
   keep_order: bool = False
   unroll: int = 1
+  optimize: Any = False
   variable_axes: Mapping[Any, Any] = FrozenDict()
   variable_broadcast: Any = 'params'
   variable_carry: Any = False
@@ -149,7 +152,7 @@ class RNN(Module):
                 variable_broadcast=self.variable_broadcast,
                 variable_carry=self.variable_carry, split_rngs=self.split_rngs,
                 in_axes=time_axis, out_axes=(0, time_axis) if keep_carries else time_axis,
-                unroll=self.unroll)
+                unroll=self.unroll, optimize=self.optimize)
     carry, outputs = loop(self.cell, initial_carry, inputs)
     if keep_carries:
       assert seq_lengths is not None  # keep_carries says so

@@ -212,6 +212,8 @@ class Stacked(LayerStack):
       carries it on its layer axis: one the block left unboxed is boxed at ``init``
       (unlike `flax.linen.scan`), so that no variable is replicated silently.
     block_kwargs: options of the block class.
+    optimize: rewrite the layer loop with `lift.optimize_scans` (True: its cost
+      model decides; a sequence of rewrite names: those). Default False.
 
   Calling the stack is ``fold``. Not for blocks that differ in code or
   variable shapes: use `BlockSeq`.
@@ -231,6 +233,7 @@ class Stacked(LayerStack):
   remat: Remat = dataclasses.field(default=False, kw_only=True)
   metadata_params: Mapping[Any, Any] = dataclasses.field(default_factory=dict, kw_only=True)
   block_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict, kw_only=True)
+  optimize: Any = dataclasses.field(default=False, kw_only=True)
 
   def __post_init__(self):
     if not is_module_class(self.block_cls):
@@ -326,7 +329,7 @@ class Stacked(LayerStack):
     step = functools.partial(_scan_step, self._factory(), fn, mode, layer_args)
     loop = lift.scan(step, variable_axes={True: 0}, split_rngs={True: True},
                      length=self.length, metadata_params=self.metadata_params,
-                     remat=self.remat, _draw_once='params',
+                     remat=self.remat, optimize=self.optimize, _draw_once='params',
                      _name=loop_name('Stacked', self.block_cls))
     carry, outs = loop(self._bound_scope(f'Calling Stacked.{mode}'), x, layer_args.rows)
     self._name_layer_axis_at_init()

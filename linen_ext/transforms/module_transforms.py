@@ -304,8 +304,11 @@ def scan(target: Target, variable_axes: Mapping[Filter, int] = {},  # noqa: B006
          unroll: int = 1, data_transform: Callable[..., Any] | None = None,
          metadata_params: Mapping[Any, Any] = {}, methods: Any = None,  # noqa: B006
          _split_transpose: bool = False, check_constancy_invariants: bool = True,
-         remat: Any = False) -> Target:
+         remat: Any = False, optimize: Any = False) -> Target:
   """Loops a Module class or method ``f(self, carry, *xs) -> (carry, ys)`` (``lift.scan``).
+
+  ``optimize`` rewrites the loop with `lift.optimize_scans` (True: its cost
+  model decides; names: those rewrites); default False, as Flax.
 
   Not for a stack of layers with weights of their own: `Stacked` says it shorter.
 
@@ -326,7 +329,7 @@ def scan(target: Target, variable_axes: Mapping[Filter, int] = {},  # noqa: B006
       variable_carry=variable_carry, split_rngs=split_rngs, in_axes=in_axes,
       out_axes=out_axes, length=length, reverse=reverse, unroll=unroll,
       data_transform=data_transform, metadata_params=metadata_params, remat=remat,
-      _split_transpose=_split_transpose,
+      optimize=optimize, _split_transpose=_split_transpose,
       check_constancy_invariants=check_constancy_invariants), methods)
 
 
