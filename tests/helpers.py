@@ -33,7 +33,7 @@ ULPS_PER_LAYER = 32
 
 def tolerance(dtype, depth: int) -> float:
   """Relative and absolute tolerance for results of ``depth`` layers computed in ``dtype``."""
-  return ULPS_PER_LAYER * depth * float(np.finfo(dtype).eps)
+  return ULPS_PER_LAYER * depth * float(jnp.finfo(dtype).eps)
 
 
 def plain(tree):

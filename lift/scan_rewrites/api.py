@@ -23,12 +23,13 @@ def _selected(rewrites) -> tuple[tuple[str, ...], bool]:
   if isinstance(rewrites, str) or not all(isinstance(r, str) for r in rewrites):
     raise ScanRewriteError(
         f'optimize_scans: `rewrites` must be None or a sequence of rewrite names, got '
-        f'{rewrites!r}. Write rewrites=[{rewrites!r}] for one rewrite. Known: {known}.')
+        f'{rewrites!r}. Known rewrites: {known}. Fix: rewrites=[{rewrites!r}] for one rewrite.')
   unknown = [r for r in rewrites if r not in REWRITES]
   if unknown:
     raise ScanRewriteError(
         f'optimize_scans: unknown rewrite(s) {", ".join(map(repr, unknown))} in `rewrites`. '
-        f'Known: {known}.')
+        f'Known rewrites: {known}. Fix: name only those, or pass rewrites=None to let the cost '
+        'model choose.')
   return tuple(rewrites), False
 
 
@@ -41,7 +42,8 @@ def check_optimize(optimize: Any, where: str = 'scan') -> None:
   except (ScanRewriteError, TypeError):
     raise ScanRewriteError(
         f'{where}: `optimize` must be False, True (the cost model decides) or a sequence of '
-        f'rewrite names, got {optimize!r}. Known rewrites: {", ".join(REWRITES)}.') from None
+        f'rewrite names, got {optimize!r}. Known rewrites: {", ".join(REWRITES)}. '
+        'Fix: optimize=True, or name only known rewrites.') from None
 
 
 def _trace(fn, args, kwargs):

@@ -209,4 +209,15 @@ AS_SCAN = [
          'conv_general_dilated', 'anti-causal'),
 ]
 
-CASES = POLICIES + LOOPS + AS_SCAN
+SCAN_REWRITES = [
+    case('optimize_scans given an unknown rewrite', lambda: lift.optimize_scans(
+        jnp.sin, rewrites=['push_out_sequence']), errors.ScanRewriteError,
+         "'push_out_sequence'", 'push_out_seq', 'merge_inouts', 'rewrites=None'),
+    case('optimize_scans given one rewrite name, not a list', lambda: lift.optimize_scans(
+        jnp.sin, rewrites='merge'), errors.ScanRewriteError, "rewrites=['merge']"),
+    case('nn.RNN optimize given an unknown rewrite', lambda: nn.RNN(
+        nn.GRUCell(2), optimize=['fuse']).init(jax.random.key(0), jnp.ones((1, 3, 2))),
+         errors.ScanRewriteError, "optimize", "('fuse',)", 'optimize=True'),
+]
+
+CASES = POLICIES + LOOPS + AS_SCAN + SCAN_REWRITES
