@@ -123,5 +123,5 @@ def closure_of(loop: Loop, candidates: Sequence[bool], seeds: Sequence[bool]) ->
     if chosen[i] or not candidates[i]:
       continue
     chosen[i] = True
-    stack.extend(producer[v] for v in eqns[i].invars if v in producer)
+    stack.extend(producer[v] for v in program.variables(eqns[i].invars) if v in producer)
   return chosen
