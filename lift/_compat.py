@@ -201,3 +201,11 @@ def subjaxprs(eqn: JaxprEqn) -> list[Jaxpr]:
       elif isinstance(sub, Jaxpr):
         found.append(sub)
   return found
+
+
+def is_differentiated(value) -> bool:
+  """Whether `value` is being differentiated (a forward-mode or linearize tracer)."""
+  return isinstance(value, (_ad.JVPTracer, _ad_internal.LinearizeTracer))
+
+
+from jax._src.interpreters import ad as _ad_internal  # noqa: E402

@@ -60,7 +60,8 @@ def _trace(fn, args, kwargs):
 
 def _optimized(fn, names, cost_model, args, kwargs):
   closed, leaves, out_tree = _trace(fn, args, kwargs)
-  ctx = Context(cost_model)
+  differentiated = any(_compat.is_differentiated(x) for x in [*leaves, *closed.consts])
+  ctx = Context(cost_model, differentiated)
   return optimize_jaxpr(closed, names, ctx), closed, leaves, out_tree, ctx
 
 
@@ -83,7 +84,8 @@ def optimize_scans(fn: Callable, *, rewrites: Sequence[str] | None = None) -> Ca
     fn: any function of arrays (pytrees) that JAX can trace.
     rewrites: None (the default) runs every rewrite where a cost model says it
       pays: batching a matrix product over the steps only where each step
-      multiplies a few rows. A sequence of names applies exactly those rewrites
+      multiplies a few rows and the call is differentiated (the backward
+      pass's per-step weight-gradient products are where batching wins). A sequence of names applies exactly those rewrites
       wherever they are legal, paying or not.
 
   Returns:

@@ -62,7 +62,7 @@ def _moved(loop, ctx, tail, per_step) -> list[bool]:
 
 
 def _pays(ctx, loop, eqn, per_step) -> bool:
-  pays, why = cost.batching_pays(eqn, per_step)
+  pays, why = cost.batching_pays(eqn, per_step, ctx.differentiated)
   if eqn.primitive.name == 'dot_general':
     ctx.record(NAME, loop.where(), pays, why)
   return pays

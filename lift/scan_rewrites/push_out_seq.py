@@ -50,7 +50,7 @@ def _rewrite_loop(loop, outer, ctx):
 
 
 def _pays(ctx, loop, eqn, per_step) -> bool:
-  pays, why = cost.batching_pays(eqn, per_step)
+  pays, why = cost.batching_pays(eqn, per_step, ctx.differentiated)
   if eqn.primitive.name == 'dot_general':
     ctx.record(NAME, loop.where(), pays, why)
   return pays

@@ -21,8 +21,10 @@ class Decision:
 @dataclasses.dataclass
 class Context:
   """What a rewrite is told: whether the cost model decides (else every legal
-  site is rewritten), and where to record its decisions."""
+  site is rewritten), whether a backward pass will follow, and where to record
+  its decisions."""
   cost_model: bool
+  differentiated: bool = False  # whether the program's inputs are being differentiated
   decisions: list[Decision] = dataclasses.field(default_factory=list)
 
   def record(self, rewrite: str, where: str, applied: bool, detail: str) -> None:
