@@ -45,3 +45,11 @@ def batching_pays(eqn, per_step: set, differentiated: bool) -> tuple[bool, str]:
   if rows <= MAX_ROWS_PER_STEP:
     return True, f'matrix product on {rows} rows per step'
   return False, f'matrix product on {rows} rows per step (> {MAX_ROWS_PER_STEP}: already efficient)'
+
+
+def decide(ctx, rewrite: str, loop, eqn, per_step: set) -> bool:
+  """`batching_pays` for `eqn` in `loop`, its decision recorded for `explain_scans`."""
+  pays, why = batching_pays(eqn, per_step, ctx.differentiated)
+  if eqn.primitive.name == 'dot_general':
+    ctx.record(rewrite, loop.where(), pays, why)
+  return pays

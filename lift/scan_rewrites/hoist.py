@@ -25,7 +25,7 @@ def hoisted(loop: Loop, outside: Sequence[bool], removed: Sequence[bool], *, per
   consts, carries, xs = loop.split_inputs(body.invars)
 
   def outside_part(c_vals, x_vals):
-    env = {}
+    env: dict = {}
     program.write(env, body.constvars, loop.body.consts)
     program.write(env, consts, c_vals)
     if per_step:
@@ -43,7 +43,7 @@ def hoisted(loop: Loop, outside: Sequence[bool], removed: Sequence[bool], *, per
       seqs = x_vals
 
     def step(carry, x):
-      env = {}
+      env: dict = {}
       program.write(env, body.constvars, loop.body.consts)
       program.write(env, body.invars, [*c_vals, *carry, *x[:len(xs)]])
       program.write(env, cut, x[len(xs):] if per_step else extra)

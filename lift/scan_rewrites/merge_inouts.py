@@ -56,7 +56,7 @@ def _carry_classes(loop, outer_ids):
   """Value numbers for the carries: refined until equal carries have equal updates."""
   body = loop.body.jaxpr
   n_c, n_k = loop.counts
-  carry_ids = [('carry', outer_ids[n_c + i]) for i in range(n_k)]
+  carry_ids: list[tuple] = [('carry', outer_ids[n_c + i]) for i in range(n_k)]
   while True:
     ids = _numbers(loop.body, outer_ids[:n_c] + carry_ids + outer_ids[n_c + n_k:])
     out = [ids.get(v, _key(v)) if isinstance(v, _compat.Var) else _key(v) for v in body.outvars]

@@ -51,7 +51,7 @@ def _moved(loop, ctx, tail, per_step) -> list[bool]:
   seeds = [t and any(v in per_step for v in e.invars if isinstance(v, _compat.Var))
            for e, t in zip(body.eqns, tail)]
   if ctx.cost_model:
-    seeds = [s and _pays(ctx, loop, e, per_step) for e, s in zip(body.eqns, seeds)]
+    seeds = [s and cost.decide(ctx, NAME, loop, e, per_step) for e, s in zip(body.eqns, seeds)]
   moved, defined = [], set()
   for eqn, t, s in zip(body.eqns, tail, seeds):
     m = s or (t and any(v in defined for v in eqn.invars if isinstance(v, _compat.Var)))
@@ -60,12 +60,6 @@ def _moved(loop, ctx, tail, per_step) -> list[bool]:
       defined.update(eqn.outvars)
   return moved
 
-
-def _pays(ctx, loop, eqn, per_step) -> bool:
-  pays, why = cost.batching_pays(eqn, per_step, ctx.differentiated)
-  if eqn.primitive.name == 'dot_general':
-    ctx.record(NAME, loop.where(), pays, why)
-  return pays
 
 
 def _rewrite_loop(loop, outer, ctx):
@@ -90,7 +84,7 @@ def _rewrite_loop(loop, outer, ctx):
              f'({", ".join(names)}); the loop returns {len(exports)} value(s) instead')
 
   def after(c_vals, x_vals, e_vals):
-    env = {}
+    env: dict = {}
     program.write(env, body.constvars, loop.body.consts)
     program.write(env, consts, c_vals)
     program.write(env, xs, x_vals)
@@ -102,7 +96,7 @@ def _rewrite_loop(loop, outer, ctx):
     c_vals, init, x_vals = loop.split_inputs(invals)
 
     def step(carry, x):
-      env = {}
+      env: dict = {}
       program.write(env, body.constvars, loop.body.consts)
       program.write(env, body.invars, [*c_vals, *carry, *x])
       program.run_equations(kept_eqns, env)

@@ -36,7 +36,7 @@ def _rewrite_loop(loop, outer, ctx):
     return None
   seeds = seq
   if ctx.cost_model:
-    seeds = [s and _pays(ctx, loop, e, per_step) for e, s in zip(body.eqns, seq)]
+    seeds = [s and cost.decide(ctx, NAME, loop, e, per_step) for e, s in zip(body.eqns, seq)]
     if not any(seeds):
       return None
   outside = closure_of(loop, reachable, seeds)
@@ -47,10 +47,3 @@ def _rewrite_loop(loop, outer, ctx):
     ctx.record(NAME, loop.where(), True,
                f'{sum(removed)} equation(s) batched over {loop.length} steps ({", ".join(names)})')
   return step
-
-
-def _pays(ctx, loop, eqn, per_step) -> bool:
-  pays, why = cost.batching_pays(eqn, per_step, ctx.differentiated)
-  if eqn.primitive.name == 'dot_general':
-    ctx.record(NAME, loop.where(), pays, why)
-  return pays

@@ -70,7 +70,7 @@ def _rewrite_loop(loop, outer, ctx):
     fixed = [_constant_scalar(a, outer) for a in outer_consts]
 
     def step(carry, x):
-      env = {}
+      env: dict = {}
       program.write(env, body.constvars, loop.body.consts)
       program.write(env, pick(consts, keep_const), pick(c_vals, keep_const))
       program.write(env, pick(consts, folded), pick(fixed, folded))

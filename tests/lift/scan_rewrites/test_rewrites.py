@@ -5,7 +5,7 @@ import pytest
 from jax import lax
 
 import lift
-from tests.lift.scan_rewrites.programs import (ALL, RNN_ARGS, XS, W_H, W_X, body_primitives,
+from tests.lift.scan_rewrites.programs import (RNN_ARGS, XS, W_H, W_X, body_primitives,
                                                check_same, optimized_scans, rnn, scans)
 
 
