@@ -99,3 +99,27 @@ def test_a_cell_subclassing_rnncellbase_runs_and_a_missing_initialize_carry_says
   assert_trees_close(nn.RNN(WithCarry()).apply(variables, xs), 2 * jnp.cumsum(xs @ kernel, axis=1), depth=3)
   with pytest.raises(NotImplementedError, match='Accumulate does not define initialize_carry'):
     nn.RNN(Accumulate()).init(KEY, xs)
+
+
+def test_optimize_rewrites_the_loop_with_the_values_and_gradients_as_written():
+  """nn.RNN, nn.scan and Stacked with optimize=: the loop is rewritten (the input
+  projection leaves it under grad), values and gradients stay."""
+  from tests.lift.scan_rewrites.programs import body_primitives, scans
+  x = jax.random.normal(jax.random.key(1), (2, 5, 3))
+  plain, fast = nn.RNN(nn.LSTMCell(4)), nn.RNN(nn.LSTMCell(4), optimize=True)
+  variables = plain.init(jax.random.key(0), x)
+  loss = lambda rnn: lambda v: jnp.sum(rnn.apply(v, x) ** 2)
+  assert jnp.allclose(fast.apply(variables, x), plain.apply(variables, x), atol=1e-5)
+  grads = jax.grad(loss(fast))(variables), jax.grad(loss(plain))(variables)
+  assert all(jnp.allclose(a, b, atol=1e-5) for a, b in zip(*map(jax.tree.leaves, grads)))
+  dots = [body_primitives(scans(jax.make_jaxpr(jax.grad(loss(rnn)))(variables).jaxpr)[0])
+          .count('dot_general') for rnn in (plain, fast)]
+  assert dots == [8, 4]     # the 4 input-gate products left the forward loop
+
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, h):
+      return h + jnp.tanh(nn.Dense(3)(h))
+  stack, stack_fast = nn.Stacked(Block, 3), nn.Stacked(Block, 3, optimize=['push_out_non_seq'])
+  v = stack.init(jax.random.key(0), x)
+  assert jnp.allclose(stack_fast.apply(v, x), stack.apply(v, x), atol=1e-6)
