@@ -306,9 +306,7 @@ def scan(target: Target, variable_axes: Mapping[Filter, int] = {},  # noqa: B006
          _split_transpose: bool = False, check_constancy_invariants: bool = True,
          remat: Any = False, optimize: Any = False) -> Target:
   """Loops a Module class or method ``f(self, carry, *xs) -> (carry, ys)`` (``lift.scan``).
-
-  ``optimize`` rewrites the loop with `lift.optimize_scans` (True: its cost
-  model decides; names: those rewrites); default False, as Flax.
+  ``optimize``: `lift.optimize_scans` on the loop (True, or rewrite names).
 
   Not for a stack of layers with weights of their own: `Stacked` says it shorter.
 

@@ -122,4 +122,4 @@ def test_optimize_rewrites_the_loop_with_the_values_and_gradients_as_written():
       return h + jnp.tanh(nn.Dense(3)(h))
   stack, stack_fast = nn.Stacked(Block, 3), nn.Stacked(Block, 3, optimize=['push_out_non_seq'])
   v = stack.init(jax.random.key(0), x)
-  assert jnp.allclose(stack_fast.apply(v, x), stack.apply(v, x), atol=1e-6)
+  assert jnp.allclose(stack_fast.apply(v, x), stack.apply(v, x), atol=1e-5)
