@@ -496,4 +496,12 @@ class ShardingShapeError(ShardingError):
 
 class ScanRewriteError(LiftError, ValueError):
   """`optimize_scans` was asked for a rewrite it does not know, or given a bad
-  `rewrites` argument; the message lists the rewrites there are."""
+  `rewrites` argument; the message lists the rewrites there are.
+
+  Examples:
+    >>> try:
+    ...   lift.optimize_scans(lambda x: x, rewrites=['push_out'])
+    ... except ScanRewriteError as e:
+    ...   print(e)
+    optimize_scans: unknown rewrite(s) 'push_out' in `rewrites`. Known rewrites: ...
+  """
