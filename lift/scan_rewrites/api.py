@@ -60,7 +60,8 @@ def _trace(fn, args, kwargs):
 
 def _optimized(fn, names, cost_model, args, kwargs):
   closed, leaves, out_tree = _trace(fn, args, kwargs)
-  differentiated = any(_compat.is_differentiated(x) for x in [*leaves, *closed.consts])
+  differentiated = (any(_compat.is_differentiated(x) for x in [*leaves, *closed.consts])
+                    or has_backward_pass(closed.jaxpr))
   ctx = Context(cost_model, differentiated)
   return optimize_jaxpr(closed, names, ctx), closed, leaves, out_tree, ctx
 
@@ -163,6 +164,13 @@ def explain_scans(fn: Callable, *args, rewrites: Sequence[str] | None = None, **
   names, cost_model = _selected(rewrites)
   after, before, _, _, ctx = _optimized(fn, names, cost_model, args, kwargs)
   return ScanReport(tuple(ctx.decisions), before, after)
+
+
+def has_backward_pass(jaxpr) -> bool:
+  """Whether `jaxpr` (or one nested in it) sums cotangents: `add_any` is what
+  JAX's transposition emits, so a program with it contains a backward pass."""
+  return any(eqn.primitive.name == 'add_any' or any(has_backward_pass(sub) for sub in _compat.subjaxprs(eqn))
+             for eqn in jaxpr.eqns)
 
 
 def count_scans(jaxpr) -> int:

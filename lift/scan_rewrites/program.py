@@ -101,14 +101,19 @@ def uses(jaxpr) -> dict:
 
 def live_equations(jaxpr, needed_outputs: Sequence[bool]) -> list[bool]:
   """For each equation, whether the needed outputs read it or it has effects."""
-  needed = {v for v, n in zip(jaxpr.outvars, needed_outputs) if n and isinstance(v, _compat.Var)}
-  live = [False] * len(jaxpr.eqns)
-  for i in reversed(range(len(jaxpr.eqns))):
-    eqn = jaxpr.eqns[i]
+  return live(jaxpr.eqns, [v for v, n in zip(jaxpr.outvars, needed_outputs) if n])
+
+
+def live(eqns, outputs) -> list[bool]:
+  """For each of `eqns`, whether `outputs` read it or it has effects."""
+  needed = variables(outputs)
+  result = [False] * len(eqns)
+  for i in reversed(range(len(eqns))):
+    eqn = eqns[i]
     if eqn.effects or any(v in needed for v in eqn.outvars):
-      live[i] = True
+      result[i] = True
       needed.update(v for v in eqn.invars if isinstance(v, _compat.Var))
-  return live
+  return result
 
 
 def without_dead_code(closed):

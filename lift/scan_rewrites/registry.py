@@ -24,7 +24,7 @@ class Context:
   site is rewritten), whether a backward pass will follow, and where to record
   its decisions."""
   cost_model: bool
-  differentiated: bool = False  # whether the program's inputs are being differentiated
+  differentiated: bool = False  # whether the program has, or its caller adds, a backward pass
   decisions: list[Decision] = dataclasses.field(default_factory=list)
 
   def record(self, rewrite: str, where: str, applied: bool, detail: str) -> None:

@@ -5,7 +5,7 @@ import pytest
 from jax import lax
 
 import lift
-from tests.lift.scan_rewrites.programs import (RNN_ARGS, XS, W_H, W_X, body_primitives,
+from tests.lift.scan_rewrites.programs import (B, H, I, RNN_ARGS, T, XS, W_H, W_X, body_primitives,
                                                check_same, optimized_scans, rnn, scans)
 
 
@@ -112,6 +112,53 @@ def test_push_out_scan_output_leaves_carry_work_and_effects():
   prims = body_primitives(loop)
   assert 'cos' not in prims and 'tanh' in prims and 'debug_callback' in prims
   check_same(_fed_back, (W_H, jnp.ones((5, 4))), rewrites=['push_out_scan_output'])
+
+
+# --- push_out_accumulator ---------------------------------------------------------
+
+_GRAD = jax.grad(lambda *a: jnp.sin(rnn(*a)[0]).sum(), argnums=(0, 1, 2))
+
+
+def test_push_out_accumulator_sums_weight_gradients_after_the_backward_loop():
+  _, backward = scans(jax.make_jaxpr(_GRAD)(*RNN_ARGS).jaxpr)
+  (_, loop), report = optimized_scans(_GRAD, *RNN_ARGS, rewrites=['push_out_accumulator'])
+  # dW_x, dW_h, dW_o leave the loop; dh @ W_h^T and dy @ W_o^T stay
+  assert (_dots(backward), _dots(loop)) == (5, 2)
+  assert loop.params['num_carry'] == backward.params['num_carry'] - 3
+  assert 'carry 0 sums a dot_general over 2 rows' in str(report)
+  check_same(_GRAD, RNN_ARGS, rewrites=['push_out_accumulator'])
+
+
+def _outer_products(xs, ys, w):
+  def step(c, xy):
+    (acc, n), (x, y) = c, xy
+    return (acc + (x.T @ jnp.tanh(y @ w)).T, n - jnp.sum(x, 0)), x * 2.0
+  return lax.scan(step, (jnp.ones((3, 3)), jnp.zeros(3)), (xs, ys))
+
+
+@pytest.mark.parametrize('update, moved', [
+    (lambda acc, x, y: acc + x.T @ y, True),
+    (lambda acc, x, y: acc + x.T @ (y + jnp.sum(acc)), False),    # the term reads acc
+    (lambda acc, x, y: acc + jnp.tanh(x.T @ y), False),           # not linear in the product
+    (lambda acc, x, y: 0.9 * acc + x.T @ y, False),               # acc is scaled, not summed
+])
+def test_push_out_accumulator_only_for_sums_of_products(update, moved):
+  def f(xs, ys):
+    return lax.scan(lambda acc, xy: (update(acc, *xy), xy[0].sum()), jnp.zeros((3, 4)), (xs, ys))
+  args = (XS, jnp.ones((T, B, H)))
+  (loop,), _ = optimized_scans(f, *args, rewrites=['push_out_accumulator'])
+  assert _dots(loop) == (0 if moved else 1)
+  check_same(f, args, rewrites=['push_out_accumulator'])
+
+
+def test_push_out_accumulator_chain_sequences_and_cost_model():
+  args = (XS, XS @ W_X, W_H[:, :3])
+  (loop,), _ = optimized_scans(_outer_products, *args, rewrites=['push_out_accumulator'])
+  assert _dots(loop) == 1 and loop.params['num_carry'] == 1    # tanh(y @ w) is stacked
+  check_same(_outer_products, args, rewrites=['push_out_accumulator'])
+  wide = (jnp.ones((T, 32, I)), jnp.ones((T, 32, H)), W_H[:, :3])    # 32 rows per step
+  (loop,), report = optimized_scans(_outer_products, *wide, rewrites=None)
+  assert _dots(loop) == 2 and 'over 32 rows per step (> 16' in str(report)
 
 
 # --- save_mem ---------------------------------------------------------------------
