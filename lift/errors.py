@@ -1,8 +1,5 @@
-"""Errors raised by `lift`. Every class derives from `LiftError`.
-
-Messages say what failed (the collection, variable path or argument), why, and
-how to fix it.
-"""
+"""Errors raised by `lift`, all derived from `LiftError`. Messages say what failed (the
+collection, variable path or argument), why, and how to fix it."""
 from __future__ import annotations
 
 from typing import Any
@@ -125,11 +122,10 @@ class MissingParamError(LiftError, flax_errors.ScopeParamNotFoundError):
 
   def __init__(self, name, path):
     super().__init__(
-        f'Could not find parameter named "{name}" in scope "{_path_text(path)}". '
-        'It cannot be created because "params" is not mutable here. Fix: '
-        'initialise the variables first with `init`, or check that the '
-        'variables passed to `apply` come from the same model (a renamed '
-        'submodule changes the path).')
+        f'Could not find parameter named "{name}" in scope "{_path_text(path)}". It cannot be '
+        'created because "params" is not mutable here. Fix: initialise the variables first with '
+        '`init`, or check that the variables passed to `apply` come from the same model (a '
+        'renamed submodule changes the path).')
     self.name, self.path = name, path
 
 
@@ -138,10 +134,10 @@ class MissingVariableError(LiftError, flax_errors.ScopeVariableNotFoundError):
 
   def __init__(self, col, name, path):
     super().__init__(
-        f'No Variable named "{name}" for collection "{col}" exists in '
-        f'"{_path_text(path)}", and it cannot be created here: either no init_fn '
-        f'was given or the collection "{col}" is not mutable. Fix: pass an init_fn and '
-        f'`mutable=["{col}"]` (or `mutable=True`) to `apply`/`init`.')
+        f'No Variable named "{name}" for collection "{col}" exists in "{_path_text(path)}", '
+        f'and it cannot be created here: either no init_fn was given or the collection "{col}" '
+        f'is not mutable. Fix: pass an init_fn and `mutable=["{col}"]` (or `mutable=True`) to '
+        '`apply`/`init`.')
     self.collection, self.name, self.path = col, name, path
 
 
@@ -151,11 +147,11 @@ class MissingCollectionError(LiftError, flax_errors.ScopeCollectionNotFound):
 
   def __init__(self, col, name, path):
     super().__init__(
-        f'Tried to access "{name}" from collection "{col}" in "{_path_text(path)}" '
-        'but the collection is empty, and the variable cannot be created here (no '
-        f'init_fn, or "{col}" is not mutable). Fix: include "{col}" in the variables '
-        f'passed to `apply` (e.g. `{{"{col}": ...}}`), or create the variable: give '
-        f'an init_fn and make the collection mutable (`mutable=["{col}"]`).')
+        f'Tried to access "{name}" from collection "{col}" in "{_path_text(path)}" but the '
+        'collection is empty, and the variable cannot be created here (no init_fn, or '
+        f'"{col}" is not mutable). Fix: include "{col}" in the variables passed to `apply` '
+        f'(e.g. `{{"{col}": ...}}`), or create the variable: give an init_fn and make the '
+        f'collection mutable (`mutable=["{col}"]`).')
     self.collection, self.name, self.path = col, name, path
 
 
@@ -164,11 +160,11 @@ class ParamShapeError(LiftError, flax_errors.ScopeParamShapeError):
 
   def __init__(self, name, path, existing_shape, expected_shape):
     super().__init__(
-        f'For parameter "{name}" in "{_path_text(path)}", the given initializer is '
-        f'expected to generate shape {expected_shape}, but the existing parameter it '
-        f'received has shape {existing_shape}. The variables do not match the model '
-        'configuration or the input shape. Fix: re-initialise the variables '
-        'for this configuration, or pass inputs of the shape used at init.')
+        f'For parameter "{name}" in "{_path_text(path)}", the given initializer is expected to '
+        f'generate shape {expected_shape}, but the existing parameter it received has shape '
+        f'{existing_shape}. The variables do not match the model configuration or the input '
+        'shape. Fix: re-initialise the variables for this configuration, or pass inputs of the '
+        'shape used at init.')
     self.name, self.path = name, path
     self.existing_shape, self.expected_shape = existing_shape, expected_shape
 
@@ -192,10 +188,10 @@ class InitFnError(LiftError, TypeError):
     example = ("scope.param(name, jax.nn.initializers.zeros, shape)" if method == 'param'
                else f"variable('{col}', '{name}', lambda: {init_fn!r})")
     super().__init__(
-        f'{method}("{name}") in collection "{col}" at "{_path_text(path)}" was given '
-        f'{init_fn!r} ({type(init_fn).__name__}) as its init_fn, which is not callable: '
-        'the initial value is made by calling it. Fix: pass a function, e.g. '
-        f'{example}, or jnp.zeros and its shape as the arguments after it.')
+        f'{method}("{name}") in collection "{col}" at "{_path_text(path)}" was given {init_fn!r} '
+        f'({type(init_fn).__name__}) as its init_fn, which is not callable: the initial value is '
+        f'made by calling it. Fix: pass a function, e.g. {example}, or jnp.zeros and its shape '
+        'as the arguments after it.')
     self.collection, self.name, self.path = col, name, path
 
 
@@ -204,11 +200,10 @@ class ImmutableCollectionError(LiftError, flax_errors.ModifyScopeVariableError):
 
   def __init__(self, col, name, path):
     super().__init__(
-        f'Cannot update variable "{name}" in "{_path_text(path)}" because collection '
-        f'"{col}" is immutable. Fix: pass `mutable=["{col}"]` to `apply` '
-        '(or `mutable=True`); inside a lifted transform, also make sure the '
-        f'transform returns "{col}" (for example list it in `variable_axes`, '
-        '`variable_carry` or the `variables` filter).')
+        f'Cannot update variable "{name}" in "{_path_text(path)}" because collection "{col}" '
+        f'is immutable. Fix: pass `mutable=["{col}"]` to `apply` (or `mutable=True`); inside a '
+        f'lifted transform, also make sure the transform returns "{col}" (for example list it '
+        'in `variable_axes`, `variable_carry` or the `variables` filter).')
     self.collection, self.name, self.path = col, name, path
 
 
@@ -220,11 +215,10 @@ class UnknownRngError(LiftError, flax_errors.InvalidRngError):
     if not scope_name:  # Flax's sentence, which names the unnamed root "None"
       who = f'None needs PRNG for "{rng_name}" (None: the unnamed top-level module)'
     super().__init__(
-        f'{who}: scope "{_path_text(path)}" has only '
-        f'the streams {sorted(available)} (and no "params" stream to fall '
-        f'back on). Fix: pass it, e.g. `rngs={{"{rng_name}": key}}` to '
-        '`init`/`apply`; inside a lifted transform, make sure the transform\'s '
-        f'rng filter (`split_rngs` / `rngs`) matches "{rng_name}".')
+        f'{who}: scope "{_path_text(path)}" has only the streams {sorted(available)} (and no '
+        f'"params" stream to fall back on). Fix: pass it, e.g. `rngs={{"{rng_name}": key}}` to '
+        '`init`/`apply`; inside a lifted transform, make sure the transform\'s rng filter '
+        f'(`split_rngs` / `rngs`) matches "{rng_name}".')
     self.rng_name, self.path = rng_name, path
 
 
@@ -234,10 +228,10 @@ class NameInUseError(LiftError, ValueError, flax_errors.NameInUseError):
   def __init__(self, name, path, col=None):
     what = f'variable "{name}" of collection "{col}"' if col else f'child "{name}"'
     super().__init__(
-        f'Name "{name}" is already in use at "{_path_text(path)}" (while '
-        f'reserving {what}). Each child scope, and each variable within a '
-        'collection, needs a unique name per scope. Fix: choose another name, '
-        'or pass `reuse=True` to `push` to get the existing child back.')
+        f'Name "{name}" is already in use at "{_path_text(path)}" (while reserving {what}). '
+        'Each child scope, and each variable within a collection, needs a unique name per '
+        'scope. Fix: choose another name, or pass `reuse=True` to `push` to get the existing '
+        'child back.')
     self.name, self.path = name, path
 
 
@@ -298,11 +292,10 @@ class UnmappedCollectionError(LiftError):
     name = transform_name or 'pack'
     super().__init__(
         f'Collections {sorted(cols)} are mutable inside the lifted `{name}` at '
-        f'"{_path_text(path)}" but match none of its output variable filters, '
-        'so their values would be lost when it returns. Fix: give the '
-        'transform a rule for them (for vmap/scan add them to `variable_axes`, '
-        '`variable_broadcast` or `variable_carry`; for other transforms include '
-        'them in `variables`), or make them immutable in `apply`.')
+        f'"{_path_text(path)}" but match none of its output variable filters, so their values '
+        'would be lost when it returns. Fix: give the transform a rule for them (for vmap/scan '
+        'add them to `variable_axes`, `variable_broadcast` or `variable_carry`; for other '
+        'transforms include them in `variables`), or make them immutable in `apply`.')
     self.collections, self.path = tuple(sorted(cols)), path
 
 
@@ -313,12 +306,11 @@ class UnliftedCollectionError(UnmappedCollectionError, ImmutableCollectionError)
   def __init__(self, col, name, path, transform_name):
     LiftError.__init__(
         self, f'Cannot update variable "{name}" in "{_path_text(path)}" because collection '
-        f'"{col}" is immutable inside the lifted `{transform_name or "pack"}`: it is '
-        'mutable outside, but the transform does not return it, so the write would be '
-        'lost. Fix: make the transform return '
-        f'"{col}": for vmap/scan add it to `variable_axes`, `variable_broadcast` or '
-        '`variable_carry`; for map_variables pass `mutable=True` (and `init=True` to '
-        'create it); for other transforms include it in `variables`.')
+        f'"{col}" is immutable inside the lifted `{transform_name or "pack"}`: it is mutable '
+        'outside, but the transform does not return it, so the write would be lost. Fix: make '
+        f'the transform return "{col}": for vmap/scan add it to `variable_axes`, '
+        '`variable_broadcast` or `variable_carry`; for map_variables pass `mutable=True` (and '
+        '`init=True` to create it); for other transforms include it in `variables`.')
     self.collection, self.name, self.path = col, name, path
     self.collections = (col,)
 

@@ -435,10 +435,9 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
 
   Args:
     fn: the step.
-    variable_axes: ``{collection filter: axis}``: step ``i`` sees slice ``i``
-      along ``axis`` (negative counts from the end); variables created inside
-      are stacked along it. ``In(axis)`` lifts a collection in only,
-      ``Out(axis)`` out only (it starts empty inside), as in Flax.
+    variable_axes: ``{collection filter: axis}``: step ``i`` sees slice ``i`` along
+      ``axis`` (negative counts from the end); variables created inside are stacked
+      along it. ``In(axis)``/``Out(axis)`` lift in/out only (as in Flax).
     variable_broadcast: collections every step shares. What a step writes to
       them (parameters created at init) is computed once, before the loop; it
       must not depend on the carry, the scanned inputs or a split stream.
@@ -456,11 +455,9 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
     data_transform: ``(variable_groups, rng_groups) -> (variable_groups,
       rng_groups)`` applied inside each step before the scope is rebuilt.
     metadata_params: passed to the ``AxisMetadata`` boxes of scanned collections.
-    check_constancy_invariants: False draws Flax's keys for it (one trace where
-      nothing is created); the check runs either way.
+    check_constancy_invariants: False draws Flax's keys for it; it runs either way.
     remat: each step's checkpoint policy, as ``lift.loops.resolve_remat`` takes it.
-    optimize: rewrite the loop with ``lift.optimize_scans``: True lets its cost
-      model decide, a sequence of rewrite names applies those. Default False.
+    optimize: ``lift.optimize_scans`` the loop: True (cost model) or rewrite names.
 
   Not for loops of unknown length: use ``while_loop``.
 

@@ -73,21 +73,23 @@ def optimize_scans(fn: Callable, *, rewrites: Sequence[str] | None = None) -> Ca
   `fn` to a jaxpr, rewrites every scan in it (also those inside `jit`, `remat`,
   `cond`, other scans, and the backward loops of a differentiated function)
   and evaluates the result, so it composes with `jax.jit`, `jax.grad` and
-  `jax.vmap` both ways. Rewrite before differentiating (`grad(optimize_scans(f))`)
-  and the backward loops inherit the rewritten forward ones.
+  `jax.vmap` both ways. Rewritten before differentiation
+  (`grad(optimize_scans(f))`), the backward loops inherit the rewritten forward
+  ones; a whole training step (`optimize_scans(value_and_grad(f))`) also has
+  its backward loop's weight-gradient sums moved out.
 
   The rewrites, named after Aesara's: ``remove_unused_inputs``,
   ``merge_inouts``, ``push_out_non_seq``, ``push_out_seq``,
-  ``push_out_scan_output``, ``save_mem``, ``merge``. Equations with effects and
-  random draws are never moved, batched or dropped.
+  ``push_out_scan_output``, ``push_out_dot1``, ``save_mem``, ``merge``.
+  Equations with effects and random draws are never moved, batched or dropped.
 
   Args:
     fn: any function of arrays (pytrees) that JAX can trace.
     rewrites: None (the default) runs every rewrite where a cost model says it
       pays: batching a matrix product over the steps only where each step
-      multiplies a few rows and the call is differentiated (the backward
-      pass's per-step weight-gradient products are where batching wins). A sequence of names applies exactly those rewrites
-      wherever they are legal, paying or not.
+      multiplies a few rows, in a training program (the call is
+      differentiated, or it contains a backward pass). A sequence of names
+      applies exactly those rewrites wherever they are legal, paying or not.
 
   Returns:
     The rewritten function.

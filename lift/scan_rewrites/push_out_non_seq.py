@@ -3,16 +3,20 @@
 An equation moves if it is not pinned (no effects, no random draws) and every
 input is a loop constant, a literal, or the result of a moved equation:
 ``e(c_1..c_n)`` is the same value at every step, so computing it once changes
-no value. The moved results become new loop constants.
+no value. The moved results become new loop constants. The cost model leaves
+equations that only lay data out (broadcasts, reshapes) in the loop unless
+moved work reads them: XLA fuses them into their readers for free, and moved
+out they become arrays the loop reads every step.
 """
 from __future__ import annotations
 
 from lift.scan_rewrites.hoist import hoisted
-from lift.scan_rewrites.loop import available
+from lift.scan_rewrites.loop import available, closure_of
 from lift.scan_rewrites.passes import per_loop
 from lift.scan_rewrites.registry import rewrite
 
 NAME = 'push_out_non_seq'
+LAYOUT = frozenset({'broadcast_in_dim', 'reshape', 'squeeze', 'expand_dims'})
 
 
 @rewrite(NAME)
@@ -23,6 +27,12 @@ def push_out_non_seq(closed, ctx):
 def _rewrite_loop(loop, outer, ctx):
   consts = loop.split_inputs(loop.body.jaxpr.invars)[0]
   movable = available(loop, set(consts))
+  if ctx.cost_model and any(movable):
+    work = [m and e.primitive.name not in LAYOUT for e, m in zip(loop.body.jaxpr.eqns, movable)]
+    if not any(work):
+      ctx.record(NAME, loop.where(), False, 'only layout equations (broadcasts, reshapes) are '
+                 'invariant: they are free inside the loop')
+    movable = closure_of(loop, movable, work)
   if not any(movable):
     return None
   step = hoisted(loop, movable, movable, per_step=False)

@@ -1,10 +1,9 @@
 """Lifted transforms for Modules, with Flax's signatures.
 
-Each transform applies to a Module class (returning a subclass named like
-Flax's, ``vmap(MLP)`` is ``VmapMLP``) or decorates a method; ``methods=``
-picks the methods of a class (a list, or a dict of per-method options).
-All go through one mechanism (``lifting``): the module's scopes are lifted by
-the ``lift`` transform and the method runs on a clone bound to the inner scopes.
+Each transform applies to a Module class (a subclass named like Flax's: ``vmap(MLP)``
+is ``VmapMLP``) or decorates a method; ``methods=`` picks a class's methods (a list, or
+a dict of per-method options). All go through one mechanism (``lifting``): the lift
+transform lifts the module's scopes; the method runs on a clone bound to the inner ones.
 """
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ def _build(ops, carry_out, outputs, read, twice, backward):
       h, ys = h + h2, ys + ys2
     pick = {'all': lambda y: y, 'last': lambda y: y[-1], 'window': lambda y: y[1:3]}[read]
     return h, [pick(y) for y in ys]
-  # the gradient's backward loop sums `w`'s gradient step by step: push_out_accumulator
+  # the gradient's backward loop sums `w`'s gradient step by step: push_out_dot1
   return jax.grad(loss(f), argnums=(0, 1)) if backward else f
 
 

@@ -114,19 +114,19 @@ def test_push_out_scan_output_leaves_carry_work_and_effects():
   check_same(_fed_back, (W_H, jnp.ones((5, 4))), rewrites=['push_out_scan_output'])
 
 
-# --- push_out_accumulator ---------------------------------------------------------
+# --- push_out_dot1 ----------------------------------------------------------------
 
 _GRAD = jax.grad(lambda *a: jnp.sin(rnn(*a)[0]).sum(), argnums=(0, 1, 2))
 
 
-def test_push_out_accumulator_sums_weight_gradients_after_the_backward_loop():
+def test_push_out_dot1_sums_weight_gradients_after_the_backward_loop():
   _, backward = scans(jax.make_jaxpr(_GRAD)(*RNN_ARGS).jaxpr)
-  (_, loop), report = optimized_scans(_GRAD, *RNN_ARGS, rewrites=['push_out_accumulator'])
+  (_, loop), report = optimized_scans(_GRAD, *RNN_ARGS, rewrites=['push_out_dot1'])
   # dW_x, dW_h, dW_o leave the loop; dh @ W_h^T and dy @ W_o^T stay
   assert (_dots(backward), _dots(loop)) == (5, 2)
   assert loop.params['num_carry'] == backward.params['num_carry'] - 3
   assert 'carry 0 sums a dot_general over 2 rows' in str(report)
-  check_same(_GRAD, RNN_ARGS, rewrites=['push_out_accumulator'])
+  check_same(_GRAD, RNN_ARGS, rewrites=['push_out_dot1'])
 
 
 def _outer_products(xs, ys, w):
@@ -142,20 +142,20 @@ def _outer_products(xs, ys, w):
     (lambda acc, x, y: acc + jnp.tanh(x.T @ y), False),           # not linear in the product
     (lambda acc, x, y: 0.9 * acc + x.T @ y, False),               # acc is scaled, not summed
 ])
-def test_push_out_accumulator_only_for_sums_of_products(update, moved):
+def test_push_out_dot1_only_for_sums_of_products(update, moved):
   def f(xs, ys):
     return lax.scan(lambda acc, xy: (update(acc, *xy), xy[0].sum()), jnp.zeros((3, 4)), (xs, ys))
   args = (XS, jnp.ones((T, B, H)))
-  (loop,), _ = optimized_scans(f, *args, rewrites=['push_out_accumulator'])
+  (loop,), _ = optimized_scans(f, *args, rewrites=['push_out_dot1'])
   assert _dots(loop) == (0 if moved else 1)
-  check_same(f, args, rewrites=['push_out_accumulator'])
+  check_same(f, args, rewrites=['push_out_dot1'])
 
 
-def test_push_out_accumulator_chain_sequences_and_cost_model():
+def test_push_out_dot1_chain_sequences_and_cost_model():
   args = (XS, XS @ W_X, W_H[:, :3])
-  (loop,), _ = optimized_scans(_outer_products, *args, rewrites=['push_out_accumulator'])
+  (loop,), _ = optimized_scans(_outer_products, *args, rewrites=['push_out_dot1'])
   assert _dots(loop) == 1 and loop.params['num_carry'] == 1    # tanh(y @ w) is stacked
-  check_same(_outer_products, args, rewrites=['push_out_accumulator'])
+  check_same(_outer_products, args, rewrites=['push_out_dot1'])
   wide = (jnp.ones((T, 32, I)), jnp.ones((T, 32, H)), W_H[:, :3])    # 32 rows per step
   (loop,), report = optimized_scans(_outer_products, *wide, rewrites=None)
   assert _dots(loop) == 2 and 'over 32 rows per step (> 16' in str(report)

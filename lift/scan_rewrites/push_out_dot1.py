@@ -1,4 +1,4 @@
-"""`push_out_accumulator`: a carry that only sums per-step products becomes one
+"""`push_out_dot1`: a carry that only sums per-step products becomes one
 contraction after the loop.
 
 A carry ``a`` whose body reads it once, in ``a' = a + L(p(u_t, v_t))``, where
@@ -26,13 +26,13 @@ from lift.scan_rewrites.loop import tainted
 from lift.scan_rewrites.passes import per_loop
 from lift.scan_rewrites.registry import rewrite
 
-NAME = 'push_out_accumulator'
+NAME = 'push_out_dot1'
 RESHAPING = frozenset({'transpose', 'reshape', 'squeeze', 'expand_dims', 'neg',
                        'convert_element_type'})
 
 
 @rewrite(NAME)
-def push_out_accumulator(closed, ctx):
+def push_out_dot1(closed, ctx):
   return per_loop(closed, ctx, _rewrite_loop)
 
 
