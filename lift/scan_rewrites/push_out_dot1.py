@@ -58,9 +58,10 @@ def _accumulator(loop, k, readers, producer, per_step) -> Accumulator | None:
   if add.primitive.name not in ('add', 'add_any') or readers.get(a_in) != [i]:
     return None
   term = add.invars[1] if add.invars[0] is a_in else add.invars[0]
-  if term is a_in or not isinstance(term, _compat.Var) or term.aval.shape != a_out.aval.shape:
+  if term is a_in or not isinstance(term, _compat.Var) or term.aval != a_out.aval:
     return None
-  chain, consumer = [], i
+  chain: list = []
+  consumer = i
   while term in producer and readers.get(term) == [consumer]:
     j = producer[term]
     eqn = body.eqns[j]
@@ -124,10 +125,8 @@ def _rewrite_loop(loop, outer, ctx):
   producer = {v: i for i, e in enumerate(body.eqns) for v in e.outvars}
   per_step = tainted(loop, set(carries) | set(xs))
   free = set(xs) | program.variables(loop.split_outputs(body.outvars)[1])
-  found = [_accumulator(loop, k, readers, producer, per_step) for k in range(len(carries))]
-  if ctx.cost_model:
-    found = [a for a in found if a is not None and _pays(loop, ctx, a, free)]
-  found = [a for a in found if a is not None]
+  candidates = [_accumulator(loop, k, readers, producer, per_step) for k in range(len(carries))]
+  found = [a for a in candidates if a is not None and (not ctx.cost_model or _pays(loop, ctx, a, free))]
   for a in found:
     ctx.record(NAME, loop.where(), True, f'carry {a.index} sums a {a.core.primitive.name} over '
                f'{_rows(a)} rows per step: one contraction over {loop.length} steps instead')

@@ -59,6 +59,17 @@ def test_push_out_non_seq_moves_invariants_only():
   check_same(_invariant, args, rewrites=['push_out_non_seq'])
 
 
+@pytest.mark.parametrize('shift, moved', [(lambda b: b, False), (jnp.exp, True)])
+def test_cost_model_leaves_invariant_broadcasts_in_the_loop(shift, moved):
+  def f(b, xs):
+    return lax.scan(lambda c, x: (jnp.tanh(c + x + shift(b)[None]), None), jnp.zeros((B, 3)), xs)[0]
+  (loop,), report = optimized_scans(f, jnp.ones(3), XS, rewrites=None)
+  prims = body_primitives(loop)
+  assert 'broadcast_in_dim' in prims and 'exp' not in prims and 'only layout equations' in str(report)
+  assert report.applied == (('push_out_non_seq',) if moved else ())
+  check_same(f, (jnp.ones(3), XS), rewrites=None)
+
+
 # --- push_out_seq -----------------------------------------------------------------
 
 def test_push_out_seq_batches_the_input_projection():
