@@ -140,7 +140,7 @@ def _step(loop, found: list[Accumulator], free: set) -> program.Step:
   gone = {a.index for a in found}
   kept = [k for k in range(len(carries)) if k not in gone]
   needed = [v for a in found for v, s in zip(a.core.invars, a.stacked) if s]
-  exports = list(dict.fromkeys(v for v in needed if v not in xs))
+  exports = list(dict.fromkeys(v for v in needed if v not in free))  # the others are stacked
   new_outs = [carry_out[k] for k in kept] + ys + exports
   eqns = [e for e, keep in zip(body.eqns, program.live(body.eqns, new_outs)) if keep]
 
@@ -157,7 +157,8 @@ def _step(loop, found: list[Accumulator], free: set) -> program.Step:
       outs = [program.read(env, v) for v in new_outs]
       return outs[:len(kept)], outs[len(kept):]
     final, stacked = loop.scan(step, [init[k] for k in kept], x_vals)
-    env: dict = dict(zip(exports, stacked[len(ys):]))
+    env: dict = {v: y for v, y in zip(ys, stacked) if isinstance(v, _compat.Var)}
+    env.update(zip(exports, stacked[len(ys):]))
     env.update(zip(xs, x_vals))
     program.write(env, body.constvars, loop.body.consts)
     program.write(env, consts, c_vals)

@@ -143,7 +143,8 @@ def test_push_out_dot1_sums_weight_gradients_after_the_backward_loop():
 def _outer_products(xs, ys, w):
   def step(c, xy):
     (acc, n), (x, y) = c, xy
-    return (acc + (x.T @ jnp.tanh(y @ w)).T, n - jnp.sum(x, 0)), x * 2.0
+    t = jnp.tanh(y @ w)
+    return (acc + (x.T @ t).T, n - jnp.sum(x, 0)), (x * 2.0, t)
   return lax.scan(step, (jnp.ones((3, 3)), jnp.zeros(3)), (xs, ys))
 
 
@@ -165,7 +166,8 @@ def test_push_out_dot1_only_for_sums_of_products(update, moved):
 def test_push_out_dot1_chain_sequences_and_cost_model():
   args = (XS, XS @ W_X, W_H[:, :3])
   (loop,), _ = optimized_scans(_outer_products, *args, rewrites=['push_out_dot1'])
-  assert _dots(loop) == 1 and loop.params['num_carry'] == 1    # tanh(y @ w) is stacked
+  assert _dots(loop) == 1 and loop.params['num_carry'] == 1
+  assert len(loop.outvars) == 4    # n, x * 2, t, x.T: t is stacked already, not twice
   check_same(_outer_products, args, rewrites=['push_out_dot1'])
   wide = (jnp.ones((T, 32, I)), jnp.ones((T, 32, H)), W_H[:, :3])    # 32 rows per step
   (loop,), report = optimized_scans(_outer_products, *wide, rewrites=None)
