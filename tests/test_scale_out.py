@@ -140,6 +140,21 @@ def job_resumes_on_another_mesh(job, results):
   results['memory line'] = [l for l in printed.splitlines() if 'per-device memory' in l][0]
 
 
+def scan_rewrites_on_sharded_batch(results):
+  """A recurrent training step rewritten whole (`push_out_dot1` in its backward loop) on a
+  batch sharded over `data`: the unsharded step's values."""
+  import lift
+  from tests.lift.scan_rewrites.programs import RNN_ARGS, rnn
+  w_x, w_h, w_o, xs = RNN_ARGS
+  xs = jnp.concatenate([xs] * 4, axis=1)  # 8 rows, one per device
+  step = jax.value_and_grad(lambda w, xs: jnp.sum(jnp.sin(rnn(*w, xs)[0])))
+  assert 'push_out_dot1' in lift.explain_scans(step, (w_x, w_h, w_o), xs).applied
+  mesh = jax.make_mesh((8,), ('data',), axis_types=(jax.sharding.AxisType.Auto,))
+  sharded = jax.device_put(xs, jax.NamedSharding(mesh, jax.P(None, 'data')))
+  value, grads = jax.jit(lift.optimize_scans(step))((w_x, w_h, w_o), sharded)
+  assert_trees_close((value, grads), jax.jit(step)((w_x, w_h, w_o), xs), depth=8)
+
+
 def run_checks():
   """Child entry point: every check, then the results as one JSON line."""
   assert jax.device_count() == 8, jax.devices()
@@ -148,7 +163,8 @@ def run_checks():
   checks = [('lm_on_meshes', lambda: results.setdefault('states', lm_on_meshes(job, results))),
             ('orbax', lambda: orbax_across_meshes(results['states'], results)),
             ('sharded_init', lambda: sharded_init_fits_the_budget(job, results)),
-            ('resume', lambda: job_resumes_on_another_mesh(job, results))]
+            ('resume', lambda: job_resumes_on_another_mesh(job, results)),
+            ('scan_rewrites', lambda: scan_rewrites_on_sharded_batch(results))]
   for name, check in checks:
     started = time.perf_counter()
     try:
@@ -170,7 +186,8 @@ def test_on_8_devices_and_over_two_processes(tmp_path):
   lines = [l for l in proc.stdout.splitlines() if l.startswith(RESULT_MARK)]
   assert lines, f'child failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}'
   results = json.loads(lines[-1][len(RESULT_MARK):])
-  failed = {name: results[name] for name in ('lm_on_meshes', 'orbax', 'sharded_init', 'resume')
+  failed = {name: results[name] for name in ('lm_on_meshes', 'orbax', 'sharded_init', 'resume',
+                                             'scan_rewrites')
             if results[name] != 'ok'}
   assert not failed, '\n\n'.join(f'{name}:\n{why}' for name, why in failed.items())
   one_device = results['losses']['1']
