@@ -64,3 +64,12 @@ def test_device_check_prints_its_table_on_cpu(tmp_path):
   rows = [line for line in run.stdout.splitlines() if line.startswith('| ') and 'x' in line]
   assert len(rows) == 10, run.stdout  # 3 loops, 3 remat policies, 4 decoders
   assert (tmp_path / 'device_check.md').read_text() == run.stdout
+
+
+def test_scan_rewrites_prints_its_tables():
+  run = subprocess.run([sys.executable, str(BENCHMARKS / 'scan_rewrites.py'), '--tiny'],
+                       capture_output=True, text=True, check=False)
+  assert run.returncode == 0, run.stdout + run.stderr
+  rows = [line for line in run.stdout.splitlines() if line.startswith(('| lstm', '| gru'))]
+  assert len(rows) == 2 and 'rewritten, step rewritten' in rows[0], run.stdout
+  assert 'while loops in the compiled program 2 -> 1' in run.stdout, run.stdout
