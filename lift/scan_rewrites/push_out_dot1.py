@@ -18,6 +18,7 @@ import dataclasses
 import math
 from typing import Any
 
+import jax.numpy as jnp
 from jax import lax
 
 from lift import _compat
@@ -69,11 +70,17 @@ def _accumulator(loop, k, readers, producer, per_step) -> Accumulator | None:
       stacked = [isinstance(v, _compat.Var) and v not in invariant for v in eqn.invars]
       changes = any(isinstance(v, _compat.Var) and v in per_step for v in eqn.invars)
       return Accumulator(k, add, chain[::-1], eqn, stacked) if changes else None
-    if eqn.primitive.name not in RESHAPING:
+    if eqn.primitive.name not in RESHAPING or not _linear(eqn):
       return None
     chain.append(eqn)
     term, consumer = eqn.invars[0], j
   return None
+
+
+def _linear(eqn) -> bool:
+  """Reshaping equations are linear; a conversion only between floating types."""
+  return eqn.primitive.name != 'convert_element_type' or all(
+      jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in (*eqn.invars, *eqn.outvars))
 
 
 def _rows(acc: Accumulator) -> int:

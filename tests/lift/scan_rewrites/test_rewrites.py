@@ -153,6 +153,7 @@ def _outer_products(xs, ys, w):
     (lambda acc, x, y: acc + x.T @ (y + jnp.sum(acc)), False),    # the term reads acc
     (lambda acc, x, y: acc + jnp.tanh(x.T @ y), False),           # not linear in the product
     (lambda acc, x, y: 0.9 * acc + x.T @ y, False),               # acc is scaled, not summed
+    (lambda acc, x, y: acc + (x.T @ y).astype(int).astype(acc.dtype), False),   # rounded
 ])
 def test_push_out_dot1_only_for_sums_of_products(update, moved):
   def f(xs, ys):
