@@ -19,7 +19,6 @@ import math
 from typing import Any
 
 import jax.numpy as jnp
-from jax import lax
 
 from lift import _compat
 from lift.scan_rewrites import cost, program
@@ -106,11 +105,12 @@ def _pays(loop, ctx, acc: Accumulator, free: set) -> bool:
   return pays
 
 
-def summed(core, operands, stacked):
+def _summed(core, operands, stacked):
   """``sum_t core(operands_t)``: the operands marked stacked have a leading step axis."""
   if core.primitive.name == 'reduce_sum':
     axes = (0, *(a + 1 for a in core.params['axes']))
-    return lax.reduce_sum_p.bind(operands[0], axes=axes, **_extra(core, 'axes'))
+    params = core.primitive.get_bind_params({**core.params, 'axes': axes})
+    return core.primitive.bind(operands[0], **params)
   if not all(stacked):  # linear in the one stacked operand: sum it first
     operands = [x.sum(0) if s else x for x, s in zip(operands, stacked)]
     return _compat.bind_equation(core, operands)[0]
@@ -119,10 +119,6 @@ def summed(core, operands, stacked):
   numbers = (((0, *shift(lc)), (0, *shift(rc))), (shift(lb), shift(rb)))
   params = core.primitive.get_bind_params({**core.params, 'dimension_numbers': numbers})
   return core.primitive.bind(*operands, **params)
-
-
-def _extra(core, *skip):
-  return {k: v for k, v in core.primitive.get_bind_params(core.params).items() if k not in skip}
 
 
 def _rewrite_loop(loop, outer, ctx):
@@ -171,7 +167,7 @@ def _step(loop, found: list[Accumulator], free: set) -> program.Step:
     program.write(env, consts, c_vals)
     results = dict(zip(kept, final))
     for a in found:
-      value = summed(a.core, [program.read(env, v) for v in a.core.invars], a.stacked)
+      value = _summed(a.core, [program.read(env, v) for v in a.core.invars], a.stacked)
       for eqn in a.chain:
         value = _compat.bind_equation(eqn, [value])[0]
       operands = [init[a.index], value] if a.add.invars[0] is carries[a.index] else [value, init[a.index]]

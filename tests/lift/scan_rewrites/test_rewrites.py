@@ -164,6 +164,16 @@ def test_push_out_dot1_only_for_sums_of_products(update, moved):
   check_same(f, args, rewrites=['push_out_dot1'])
 
 
+def test_push_out_dot1_sums_a_reduce_sum_after_the_loop():
+  def f(xs):
+    return lax.scan(lambda acc, x: (acc + jnp.sum(jnp.tanh(x), 0), x * 2.0), jnp.ones(I), xs)
+  (loop,), report = optimized_scans(f, XS, rewrites=['push_out_dot1'])
+  assert loop.params['num_carry'] == 0 and 'carry 0 sums a reduce_sum' in str(report)
+  check_same(f, (XS,), rewrites=['push_out_dot1'])
+  (loop,), report = optimized_scans(f, XS, rewrites=None)   # tanh(x) is not stacked anyway
+  assert loop.params['num_carry'] == 1 and 'of values the loop does not stack' in str(report)
+
+
 def test_push_out_dot1_chain_sequences_and_cost_model():
   args = (XS, XS @ W_X, W_H[:, :3])
   (loop,), _ = optimized_scans(_outer_products, *args, rewrites=['push_out_dot1'])
