@@ -486,6 +486,23 @@ class ShardingShapeError(ShardingError):
     self.shape, self.spec = tuple(shape), spec
 
 
+class AttentionArgumentError(LiftError, ValueError):
+  """An argument of `causal_self_attention` has the wrong value or shape (the message
+  names it, what it got and what it takes).
+
+  Examples:
+    >>> x = jnp.ones((2, 4, 8))
+    >>> try:
+    ...   lift.causal_self_attention(x, x, x, implementation='cudnn')
+    ... except AttentionArgumentError as e:
+    ...   print(e)
+    causal_self_attention: implementation is 'cudnn'; it takes one of (None, 'xla', 'flash').
+  """
+
+  def __init__(self, argument: str, got: str, takes: str) -> None:
+    super().__init__(f'causal_self_attention: {argument} is {got}; it takes {takes}.')
+
+
 class ScanRewriteError(LiftError, ValueError):
   """`optimize_scans` was asked for a rewrite it does not know, or given a bad
   `rewrites` argument; the message lists the rewrites there are.

@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 from flax.core import meta
+from flax.core import spmd
 
 _CACHE_SIZE = 4096
 _MAX_DEPTH = 8
@@ -72,7 +73,10 @@ def _key(init_fn: Callable, init_args: tuple, init_kwargs: dict) -> Hashable | N
 
 
 def _trace(init_fn: Callable, init_args: tuple, init_kwargs: dict) -> Any:
-  shapes = jax.eval_shape(lambda: init_fn(jax.random.key(0), *init_args, **init_kwargs))
+  # Without axis rules: a box's sharding constraint does not change its shape, and Flax's
+  # DenseGeneral boxes its flat kernel with the names of the reshaped one.
+  with spmd.logical_axis_rules(()):
+    shapes = jax.eval_shape(lambda: init_fn(jax.random.key(0), *init_args, **init_kwargs))
   return meta.unbox(shapes)
 
 

@@ -60,4 +60,17 @@ from linen_ext.transforms import (add_metadata_axis, as_scan, checkpoint, cond, 
                                   remat, remat_scan, scan, shard_map, switch, value_and_grad,
                                   vjp, vmap, while_loop)
 
+# At-scale compilation and planning (linen_ext.scale) import optax and, for TPU targets,
+# libtpu: loaded on first use, so `import linen_ext` does not pay for them.
+_SCALE_NAMES = ('scale', 'plan', 'compile_train_step', 'tpu_topology')
+
+
+def __getattr__(name: str):
+  if name in _SCALE_NAMES:
+    import importlib
+    scale = importlib.import_module('linen_ext.scale')
+    return scale if name == 'scale' else getattr(scale, name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
 _tracing.hide_from_tracebacks(__file__)

@@ -452,3 +452,29 @@ class PipelineVariablesError(PipelineError):
 class PipelineMeshError(PipelineError):
   """``mesh_axis`` names no axis of the current mesh, or an axis of another size than
   ``stages``."""
+
+
+class ScaleError(ModuleError, ValueError):
+  """A request to compile for a topology or to plan a configuration cannot be met; each
+  subclass names the argument at fault, and the message gives the fix. Raised before
+  anything compiles."""
+
+
+class TopologyError(ScaleError):
+  """An unknown TPU topology name (the message lists the known ones), or libtpu, the
+  compiler for TPU targets, is not installed (the message says how to install it)."""
+
+
+class MeshShapeError(ScaleError):
+  """A mesh's axis sizes do not multiply to the number of chips, or name an axis other
+  than ``stage``, ``data`` and ``model``."""
+
+
+class BatchShardingError(ScaleError):
+  """The batch does not divide over the mesh axes its leading (batch) dimension is
+  sharded over."""
+
+
+class PlanError(ScaleError):
+  """`nn.plan` found no candidate that fits the memory limit (the message names the
+  smallest need and the candidate that has it), or got a model it cannot vary."""

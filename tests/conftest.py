@@ -4,6 +4,10 @@ import pathlib
 import jax
 import pytest
 
+# libtpu (the TPU compiler the at-scale tests use) takes a machine-wide lock unless told
+# that several processes (the suite's workers) may load it.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
 # Strict numerics: catch silent dtype and rank promotion in library code.
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")

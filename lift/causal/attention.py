@@ -1,26 +1,39 @@
-"""`causal_self_attention` with a KV-cache step for `as_scan`.
+"""`causal_self_attention` with a KV-cache step for `as_scan`, in two implementations.
 
 Layout as `flax.linen.dot_product_attention`: `[batch..., length, heads,
-features]`. Under `as_scan` the length axis (-3) is the step axis when the
-scan axis arrives there: inputs `[T, heads, features]` built from `xs` of
-shape `[T, ...]`, or `[batch, T, heads, features]` after moving time to
-axis 1 inside the function. If time is one of the batch axes instead, each
-step attends within its own whole sequence and the full form runs per step.
+features]`; keys and values may have fewer heads than the queries (grouped-query
+attention: query head i reads key/value head ``i // (heads // kv_heads)``). Under
+`as_scan` the length axis (-3) is the step axis when the scan axis arrives there:
+inputs `[T, heads, features]` built from `xs` of shape `[T, ...]`, or `[batch, T,
+heads, features]` after moving time to axis 1 inside the function. If time is one of
+the batch axes instead, each step attends within its own whole sequence and the full
+form runs per step.
+
+``implementation='flash'`` computes the full form with the Pallas TPU flash-attention
+kernel that ships with JAX, which never materialises the ``[length, length]`` scores;
+the step and prefill forms are the same for both implementations, so a model trained
+with the kernel decodes with the same KV cache.
 """
 from __future__ import annotations
 
+import functools
+import math
 from typing import NamedTuple
 
 import jax
 from jax import lax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
-from lift.causal.custom import custom_causal
+from lift.causal.custom import CustomCausal, custom_causal
+from lift.errors import AttentionArgumentError
+
+IMPLEMENTATIONS = (None, 'xla', 'flash')
 
 
 class KVCache(NamedTuple):
-  """Keys `[batch..., heads, feat, length]` and values `[batch..., heads, length, feat]`
-  of every position: the layouts the step's two products read without a transpose."""
+  """Keys `[batch..., kv_heads, feat, length]` and values `[batch..., kv_heads, length,
+  feat]` of every position: the layouts the step's two products read without a transpose."""
   keys: jax.Array
   values: jax.Array
 
@@ -35,37 +48,53 @@ def _weights(logits: jax.Array, visible: jax.Array, dtype) -> jax.Array:
   return jax.nn.softmax(logits).astype(dtype)
 
 
-@custom_causal(axis=-3)
-def causal_self_attention(q: jax.Array, k: jax.Array,
-                          v: jax.Array) -> jax.Array:
-  """Causal dot-product attention along the length axis (-3).
+def _grouped(query: jax.Array, kv_heads: int) -> jax.Array:
+  """``[..., heads, features]`` as ``[..., kv_heads, heads // kv_heads, features]``."""
+  return query.reshape(*query.shape[:-2], kv_heads, -1, query.shape[-1])
 
-  Matches `flax.linen.dot_product_attention` with a causal mask: logits
-  scaled by `1/sqrt(features)`, softmax over keys. Under `as_scan` it steps
-  with a KV cache of the full length. Not for bidirectional attention or
-  other masks: use `flax.linen.dot_product_attention`.
 
-  Args:
-    q: queries, `[batch..., length, heads, features]`.
-    k: keys, shaped like `q`.
-    v: values, shaped like `q`.
-
-  Returns:
-    `[batch..., length, heads, features]`.
-
-  Examples:
-    >>> x = jnp.ones((3, 2, 4))
-    >>> causal_self_attention(x, x, x).shape
-    (3, 2, 4)
-  """
+def _reference(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """The full form in XLA: every score of the ``[length, length]`` matrix."""
   length = q.shape[-3]
-  logits = jnp.einsum("...qhd,...khd->...hqk", _scaled(q), k)
   visible = jnp.tril(jnp.ones((length, length), bool))
-  weights = _weights(logits, visible, q.dtype)
-  return jnp.einsum("...hqk,...khd->...qhd", weights, v)
+  if k.shape[-2] == q.shape[-2]:  # Flax's products, to the bit
+    logits = jnp.einsum("...qhd,...khd->...hqk", _scaled(q), k)
+    return jnp.einsum("...hqk,...khd->...qhd", _weights(logits, visible, q.dtype), v)
+  logits = jnp.einsum("...qhgd,...khd->...hgqk", _grouped(_scaled(q), k.shape[-2]), k)
+  out = jnp.einsum("...hgqk,...khd->...qhgd", _weights(logits, visible, q.dtype), v)
+  return out.reshape(q.shape[:-1] + v.shape[-1:])
 
 
-@causal_self_attention.def_init
+def _flash_kernel(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """The Pallas kernel on ``[batch, length, heads, features]`` blocks (one shard)."""
+  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
+  length, groups = q.shape[1], q.shape[2] // k.shape[2]
+  block = math.gcd(length, 512)
+  sizes = pallas_flash.BlockSizes(
+      block_q=block, block_k_major=block, block_k=block, block_b=1, block_q_major_dkv=block,
+      block_k_major_dkv=block, block_k_dkv=block, block_q_dkv=block, block_k_major_dq=block,
+      block_k_dq=block, block_q_dq=block)
+  k, v = (jnp.repeat(x, groups, axis=2) for x in (k, v))
+  q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
+  out = pallas_flash.flash_attention(q, k, v, causal=True, sm_scale=q.shape[-1] ** -0.5,
+                                     block_sizes=sizes)
+  return jnp.swapaxes(out, 1, 2)
+
+
+def _flash(q: jax.Array, k: jax.Array, v: jax.Array, mesh_axes) -> jax.Array:
+  """The full form by the kernel: batch axes flattened into one, and, with ``mesh_axes``,
+  the kernel run on each device's shard (XLA cannot split a kernel call itself)."""
+  batch = q.shape[:-3]
+  q, k, v = (x.reshape((-1,) + x.shape[-3:]) for x in (q, k, v))
+  kernel = _flash_kernel
+  if mesh_axes is not None:
+    spec = PartitionSpec(*mesh_axes)
+    kernel = jax.shard_map(_flash_kernel, in_specs=(spec,) * 3, out_specs=spec,
+                           check_vma=False)
+  out = kernel(q, k, v)
+  return out.reshape(batch + out.shape[1:])
+
+
 def _init(q, k, v) -> KVCache:
   del q
   *batch, length, heads, depth = k.shape
@@ -73,18 +102,98 @@ def _init(q, k, v) -> KVCache:
                  jnp.zeros((*batch, heads, length, v.shape[-1]), v.dtype))
 
 
-@causal_self_attention.def_step
 def _step(cache: KVCache, index: jax.Array, q, k, v):
   keys = lax.dynamic_update_index_in_dim(cache.keys, k, index, cache.keys.ndim - 1)
   values = lax.dynamic_update_index_in_dim(cache.values, v, index, cache.values.ndim - 2)
-  logits = jnp.einsum("...hd,...hdk->...hk", _scaled(q), keys)
   visible = jnp.arange(keys.shape[-1], dtype=jnp.int32) <= index
-  weights = _weights(logits, visible, q.dtype)
-  return KVCache(keys, values), jnp.einsum("...hk,...hkd->...hd", weights, values)
+  if k.shape[-2] == q.shape[-2]:
+    logits = jnp.einsum("...hd,...hdk->...hk", _scaled(q), keys)
+    weights = _weights(logits, visible, q.dtype)
+    return KVCache(keys, values), jnp.einsum("...hk,...hkd->...hd", weights, values)
+  logits = jnp.einsum("...hgd,...hdk->...hgk", _grouped(_scaled(q), k.shape[-2]), keys)
+  out = jnp.einsum("...hgk,...hkd->...hgd", _weights(logits, visible, q.dtype), values)
+  return KVCache(keys, values), out.reshape(q.shape[:-1] + v.shape[-1:])
 
 
-@causal_self_attention.def_prefill
 def _prefill(cache: KVCache, q, k, v):
   keys = lax.dynamic_update_slice_in_dim(cache.keys, jnp.moveaxis(k, -3, -1), 0, -1)
   values = lax.dynamic_update_slice_in_dim(cache.values, jnp.moveaxis(v, -3, -2), 0, -2)
-  return KVCache(keys, values), causal_self_attention.fun(q, k, v)
+  return KVCache(keys, values), _reference(q, k, v)
+
+
+def _with_cache_rules(fun) -> CustomCausal:
+  causal = custom_causal(fun, axis=-3)
+  assert isinstance(causal, CustomCausal)
+  causal.def_init(_init)
+  causal.def_step(_step)
+  causal.def_prefill(_prefill)
+  return causal
+
+
+_xla_attention = _with_cache_rules(_reference)
+
+
+@functools.cache
+def _flash_attention(mesh_axes: tuple | None) -> CustomCausal:
+  return _with_cache_rules(functools.partial(_flash, mesh_axes=mesh_axes))
+
+
+def _check(q: jax.Array, k: jax.Array, v: jax.Array, implementation, mesh_axes) -> None:
+  if implementation not in IMPLEMENTATIONS:
+    raise AttentionArgumentError('implementation', repr(implementation),
+                                 f'one of {IMPLEMENTATIONS}')
+  shapes = [jnp.shape(x) for x in (q, k, v)]
+  if any(len(s) < 3 for s in shapes) or shapes[1] != shapes[2] or (
+      shapes[0][:-2] != shapes[1][:-2] or shapes[0][-1] != shapes[1][-1]
+      or shapes[0][-2] % shapes[1][-2]):
+    raise AttentionArgumentError(
+        'q, k, v', f'shapes {shapes[0]}, {shapes[1]}, {shapes[2]}',
+        '[batch..., length, heads, features] for q and [batch..., length, kv_heads, '
+        'features] for k and v, with kv_heads dividing heads')
+  if mesh_axes is not None and (len(mesh_axes) != 4 or mesh_axes[1] or mesh_axes[3]):
+    raise AttentionArgumentError(
+        'mesh_axes', repr(mesh_axes), 'the mesh axes of [batch, length, heads, features] '
+        "with length and features unsharded, e.g. PartitionSpec('data', None, 'model', None)")
+
+
+def causal_self_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
+                          implementation: str | None = None,
+                          mesh_axes: PartitionSpec | tuple | None = None) -> jax.Array:
+  """Causal dot-product attention along the length axis (-3).
+
+  Matches `flax.linen.dot_product_attention` with a causal mask: logits
+  scaled by `1/sqrt(features)`, softmax over keys. Keys and values may have
+  fewer heads than the queries (grouped-query attention). Under `as_scan` it
+  steps with a KV cache of the full length (of the key/value heads). Not for
+  bidirectional attention or other masks: use `flax.linen.dot_product_attention`.
+
+  Args:
+    q: queries, `[batch..., length, heads, features]`.
+    k: keys, `[batch..., length, kv_heads, features]`, `kv_heads` dividing `heads`.
+    v: values, shaped like `k`.
+    implementation: ``None`` or ``'xla'``: the scores as one XLA product (Flax's
+      numbers); ``'flash'``: JAX's Pallas flash-attention kernel for TPU (compiles
+      only for TPU; on CPU it runs under
+      `jax.experimental.pallas.tpu.force_tpu_interpret_mode`), which never
+      holds the ``[length, length]`` scores.
+    mesh_axes: with ``'flash'`` under a mesh, the mesh axes of ``q``'s
+      ``[batch, length, heads, features]`` (for example ``nn.logical_to_mesh_axes``
+      of its logical names): the kernel then runs on each device's shard.
+
+  Returns:
+    `[batch..., length, heads, features]`.
+
+  Raises:
+    AttentionArgumentError: an unknown ``implementation``, mismatched shapes, or
+      ``mesh_axes`` that shard the length or features.
+
+  Examples:
+    >>> x = jnp.ones((3, 2, 4))
+    >>> causal_self_attention(x, x, x).shape
+    (3, 2, 4)
+  """
+  _check(q, k, v, implementation, mesh_axes)
+  if implementation == 'flash':
+    axes = None if mesh_axes is None else tuple(mesh_axes)
+    return _flash_attention(axes)(q, k, v)
+  return _xla_attention(q, k, v)

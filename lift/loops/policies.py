@@ -203,12 +203,19 @@ def checkpoint_name(tree: Any, name: str) -> Any:
 
 
 def offload_supported() -> bool:
-  """Whether the default backend has host memory distinct from device memory.
+  """Whether the target has host memory distinct from device memory.
+
+  The target is the devices of the mesh in context (`jax.set_mesh`), which may be
+  another platform's compiled for ahead of time, else the default backend.
 
   The CPU backend lists a 'pinned_host' memory, but JAX drops host placement
   when lowering for CPU (the device memory is host memory), so offloading
   there keeps the values where they are.
   """
+  mesh = jax.sharding.get_abstract_mesh()
+  target = getattr(mesh, "abstract_device", None)
+  if not mesh.empty and target is not None:  # compiling for the mesh's devices (maybe AOT)
+    return target.platform != "cpu"
   device = jax.devices()[0]
   kinds = {memory.kind for memory in device.addressable_memories()}
   return device.platform != "cpu" and "pinned_host" in kinds

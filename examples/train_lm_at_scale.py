@@ -1,0 +1,163 @@
+"""Compile the training step of a 7B-70B model for a TPU pod on this machine, and read
+what each chip would hold.
+
+The model is examples/llama.py (LLaMA-2 or Gemma shapes: `nn.Stacked` blocks, logical
+axis names, grouped-query attention, rotary positions); the step is the main job's:
+value and gradients of the next-token loss, gradients laid out as their parameters,
+optax AdamW, the state donated. `nn.compile_train_step` compiles it ahead of time for
+the abstract chips of a named topology (libtpu's compiler; no TPU needed), FSDP over
+``data`` and tensor parallelism over ``model``, optionally a pipeline over ``stage``
+(across slices with ``--num-slices 2``), and prints XLA's per-chip memory, FLOPs and
+collectives. On a TPU target the attention is JAX's Pallas flash-attention kernel.
+
+``--plan`` compiles every candidate (remat policy x mesh x optimizer state on host or
+not) and picks the one with the fewest FLOPs that fits the chip's HBM with a margin.
+
+Run: python examples/train_lm_at_scale.py --compile-for v5e-256 --model llama2-7b
+(`pip install -e '.[tpu]'` first: it installs libtpu, the compiler.)
+It ends with one line: ``result: model=... topology=... fits=<bool> total_gib=<float> ...``.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+
+import linen_ext as nn
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import llama  # noqa: E402
+
+GIB = 2 ** 30
+
+
+def axis_rules(mesh_shape: dict[str, int]) -> tuple[tuple[str, str | None], ...]:
+  """The model's logical axes on the mesh (MaxText's FSDP x tensor layout): the batch and
+  (FSDP) every parameter's ``embed`` dimension over ``data``; the MLP, the heads and the
+  vocabulary over ``model``; the stack's layers over ``stage``."""
+  del mesh_shape  # the same names for every mesh; sizes that do not divide are errors
+  return (('batch', 'data'), ('embed', 'data'), ('mlp', 'model'), ('heads', 'model'),
+          ('kv_heads', 'model'), ('kv', None), ('vocab', 'model'), ('length', None),
+          ('layers', 'stage'))
+
+
+def parse_mesh(text: str | None, chips: int, stages: int) -> dict[str, int]:
+  """``'data=128,model=2'`` as a dict; by default every chip on ``data`` (beside ``stage``,
+  which has ``--pipeline-stages`` entries)."""
+  if text is None:
+    return {'stage': stages, 'data': chips // stages, 'model': 1}
+  sizes = {}
+  for part in text.split(','):
+    name, _, size = part.partition('=')
+    if not size.isdigit():
+      raise SystemExit(f'--mesh {text}: each part must be stage=N, data=N or model=N')
+    sizes[name] = int(size)
+  return sizes
+
+
+def example_batch(args, chips: int) -> dict[str, jax.ShapeDtypeStruct]:
+  shape = (args.per_device_batch * chips // args.pipeline_stages * args.pipeline_stages,
+           args.seq_length)
+  return {'inputs': jax.ShapeDtypeStruct(shape, jnp.int32),
+          'targets': jax.ShapeDtypeStruct(shape, jnp.int32)}
+
+
+def build_model(args, topology) -> llama.LM:
+  attention = args.attention
+  if attention == 'auto':
+    attention = 'flash' if nn.scale.topology.is_tpu(topology.devices) else 'xla'
+  return llama.LM(llama.PRESETS[args.model], remat=nn.scale.planner.remat_value(args.remat),
+                  attention=None if attention == 'xla' else attention,
+                  pipeline_stages=args.pipeline_stages, microbatches=args.microbatches,
+                  stage_axis='stage' if args.pipeline_stages > 1 else None,
+                  dtype=jnp.dtype(args.dtype))
+
+
+def report(args, topology, mesh: dict, stats) -> dict:
+  """Prints the per-chip figures; returns them."""
+  hbm = args.hbm * GIB if args.hbm else topology.hbm_bytes
+  fits = stats.device_bytes <= hbm
+  collectives = ', '.join(f'{kind} {n}' for kind, n in stats.collectives.items()) or 'none'
+  print(f'per chip: arguments {stats.argument_bytes / GIB:.2f} GiB, temporaries '
+        f'{stats.temp_bytes / GIB:.2f} GiB, total {stats.device_bytes / GIB:.2f} GiB of '
+        f'{hbm / GIB:.0f} GiB HBM ({stats.device_bytes / hbm:.0%}); host memory '
+        f'{stats.host_bytes / GIB:.2f} GiB')
+  print(f'compiled in {stats.compile_seconds:.0f} s; {stats.flops / 1e12:.1f} TFLOP per chip '
+        f'per step; collectives in the program: {collectives}')
+  result = {'model': args.model, 'topology': topology.name, 'mesh': mesh, 'fits': fits,
+            'total_gib': stats.device_bytes / GIB, 'arguments_gib': stats.argument_bytes / GIB,
+            'temporaries_gib': stats.temp_bytes / GIB, 'host_gib': stats.host_bytes / GIB,
+            'tflop': stats.flops / 1e12}
+  print('result: ' + ' '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}'
+                              for k, v in result.items() if k != 'mesh'))
+  return result
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(
+      description='Compile a LLaMA-2/Gemma training step for a TPU topology (no TPU needed) '
+                  'and print its per-chip memory, FLOPs and collectives.',
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser.add_argument('--compile-for', required=True, metavar='TOPOLOGY',
+                      help=f'one of {", ".join(nn.scale.KNOWN_TOPOLOGIES)}, or kind:shape')
+  parser.add_argument('--num-slices', type=int, default=1, help='slices joined by the DCN')
+  parser.add_argument('--model', default='llama2-7b', choices=sorted(llama.PRESETS))
+  parser.add_argument('--mesh', default=None,
+                      help='stage=N,data=N,model=N (default: every chip on data, FSDP)')
+  parser.add_argument('--remat', default='full', choices=nn.scale.planner.REMATS,
+                      help="the stack's checkpoint policy")
+  parser.add_argument('--attention', default='auto', choices=['auto', 'flash', 'xla'],
+                      help='auto: the Pallas flash kernel for TPU, XLA elsewhere')
+  parser.add_argument('--per-device-batch', type=int, default=1)
+  parser.add_argument('--seq-length', type=int, default=2048)
+  parser.add_argument('--dtype', default='bfloat16', choices=['bfloat16', 'float32'],
+                      help='compute dtype (variables and optimizer state stay float32)')
+  parser.add_argument('--pipeline-stages', type=int, default=1,
+                      help='run the blocks as a pipeline of this many stages over stage')
+  parser.add_argument('--microbatches', type=int, default=1, help="the pipeline's")
+  parser.add_argument('--offload-optimizer', action='store_true',
+                      help='keep the optimizer state in host memory')
+  parser.add_argument('--hbm', type=float, default=None, help='GiB per chip (default: the '
+                      "chip's)")
+  parser.add_argument('--plan', action='store_true',
+                      help='compile every candidate and choose the cheapest that fits')
+  parser.add_argument('--plan-remat', nargs='+', default=list(nn.scale.planner.REMATS))
+  parser.add_argument('--plan-tensor', nargs='+', type=int, default=[1])
+  parser.add_argument('--margin', type=float, default=0.05, help="the plan's free fraction")
+  return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+  args = parse_args(argv)
+  topology = nn.tpu_topology(args.compile_for, num_slices=args.num_slices)
+  model = build_model(args, topology)
+  batch = example_batch(args, topology.chips)
+  config = llama.PRESETS[args.model]
+  print(f'{args.model} ({config.parameters() / 1e9:.2f}B parameters), batch '
+        f'{batch["inputs"].shape}, for {topology.name} x {topology.num_slices} slice(s): '
+        f'{topology.chips} chips of {topology.hbm_bytes / GIB:.0f} GiB')
+  if args.plan:
+    chosen = nn.plan(model, batch, topology, rules=axis_rules, optimizer=llama.optimizer(),
+                     loss_fn=llama.next_token_loss,
+                     memory_limit=int(args.hbm * GIB) if args.hbm else None,
+                     margin=args.margin, remat=args.plan_remat, tensor=args.plan_tensor,
+                     stages=sorted({1, args.pipeline_stages}),
+                     microbatches=[args.microbatches])
+    print(chosen)
+    return report(args, topology, dict(chosen.best.mesh), chosen.stats)
+  mesh_shape = parse_mesh(args.mesh, topology.chips, args.pipeline_stages)
+  mesh = nn.scale.make_mesh(topology.devices, mesh_shape)
+  print(f'mesh {dict(mesh.shape)}, remat {args.remat}, attention {model.attention or "xla"}'
+        f'{", optimizer state in host memory" if args.offload_optimizer else ""}')
+  step = nn.compile_train_step(model, batch, mesh=mesh, rules=axis_rules(mesh_shape),
+                               optimizer=llama.optimizer(), loss_fn=llama.next_token_loss,
+                               offload_optimizer=args.offload_optimizer)
+  return report(args, topology, mesh_shape, step.stats)
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,93 @@
+"""What a compiled program needs per chip: XLA's memory and cost analyses, and its
+collectives, read from `jax.stages.Compiled`."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+
+import jax
+
+GIB = 2 ** 30
+COLLECTIVES = ('all-gather', 'reduce-scatter', 'all-reduce', 'collective-permute', 'all-to-all')
+_COMPUTATION = re.compile(r'^(?:ENTRY )?%?([\w.\-]+) \(.*\{\s*$')
+_COLLECTIVE = re.compile(r'\b(' + '|'.join(COLLECTIVES) + r')(?:-start)?\(')
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledStats:
+  """Per-chip bytes of a compiled program (XLA's memory analysis: exact, not sampled),
+  its FLOPs per chip (`jaxpr_flops` of the whole step over the chips: recomputation
+  included, every loop counted as often as it runs) and how many collectives of each
+  kind its code holds (a collective inside a loop counts once).
+
+  ``device_bytes`` is what the chip's memory must hold at the peak: arguments,
+  temporaries, and outputs that do not reuse a donated argument's buffer.
+  """
+  argument_bytes: int
+  output_bytes: int
+  alias_bytes: int
+  temp_bytes: int
+  host_bytes: int
+  flops: float
+  collectives: dict[str, int]
+  compile_seconds: float
+
+  @property
+  def device_bytes(self) -> int:
+    return self.argument_bytes + self.temp_bytes + self.output_bytes - self.alias_bytes
+
+  def row(self) -> str:
+    """One line: arguments, temporaries, the total, host memory and FLOPs."""
+    return (f'args {size_text(self.argument_bytes)}  temps {size_text(self.temp_bytes)}  '
+            f'total {size_text(self.device_bytes)}  host {size_text(self.host_bytes)}  '
+            f'{flops_text(self.flops)}')
+
+
+def size_text(size: float) -> str:
+  """Bytes in GiB from 1 GiB, else in MiB: ``' 13.43 GiB'``, ``'  5.71 MiB'``."""
+  return f'{size / GIB:6.2f} GiB' if size >= GIB else f'{size / 2 ** 20:6.2f} MiB'
+
+
+def flops_text(flops: float) -> str:
+  """FLOPs in the largest unit that keeps a whole number: ``'16.6 TFLOP'``."""
+  for unit, scale in (('P', 1e15), ('T', 1e12), ('G', 1e9), ('M', 1e6)):
+    if flops >= scale:
+      return f'{flops / scale:6.1f} {unit}FLOP'
+  return f'{flops:6.0f} FLOP'
+
+
+def count_collectives(hlo_text: str) -> dict[str, int]:
+  """How many collectives of each kind the HLO text holds (an async pair counts once).
+
+  A TPU program implements a reduce-scatter as an ``all-reduce-scatter`` computation
+  around an all-reduce: it counts as one reduce-scatter.
+  """
+  found: collections.Counter = collections.Counter()
+  inside_scatter = False
+  for line in hlo_text.splitlines():
+    head = _COMPUTATION.match(line)
+    if head:
+      inside_scatter = head.group(1).startswith('all-reduce-scatter')
+      found['reduce-scatter'] += inside_scatter
+    elif not inside_scatter:
+      found.update(m.group(1) for m in _COLLECTIVE.finditer(line))
+  return {kind: found[kind] for kind in COLLECTIVES if found[kind]}
+
+
+def compiled_stats(compiled: jax.stages.Compiled, flops: float,
+                   compile_seconds: float = 0.0) -> CompiledStats:
+  """The `CompiledStats` of ``compiled`` (from ``jax.jit(f).lower(...).compile()``), with
+  ``flops`` per chip (say, `jaxpr_flops` of its ``trace(...).jaxpr`` over the chips)."""
+  memory = compiled.memory_analysis()
+  host = (memory.host_argument_size_in_bytes + memory.host_temp_size_in_bytes
+          + memory.host_output_size_in_bytes - memory.host_alias_size_in_bytes)
+  return CompiledStats(
+      argument_bytes=memory.argument_size_in_bytes, output_bytes=memory.output_size_in_bytes,
+      alias_bytes=memory.alias_size_in_bytes, temp_bytes=memory.temp_size_in_bytes,
+      host_bytes=host, flops=float(flops),
+      collectives=count_collectives(compiled.as_text()), compile_seconds=compile_seconds)
+
+
+__all__ = ['COLLECTIVES', 'CompiledStats', 'compiled_stats', 'count_collectives', 'flops_text',
+           'size_text']

@@ -1,0 +1,106 @@
+"""Named TPU topologies, compiled for on any machine (`jax.experimental.topologies`).
+
+``tpu_topology('v5e-256')`` gives the 256 abstract devices of a TPU v5e pod and the
+HBM of each chip. Nothing runs on them: `jax.jit(...).lower(...).compile()` compiles
+for them ahead of time, with libtpu's compiler, on a CPU-only machine, and XLA's memory
+and cost analyses of the result are what the chips would use.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+
+
+from linen_ext.errors import TopologyError
+
+GIB = 2 ** 30
+
+# Per-chip HBM, and the chip layouts of the pod slices by chip count.
+_TWO_D = {4: '2x2', 8: '2x4', 16: '4x4', 32: '4x8', 64: '8x8', 128: '8x16', 256: '16x16'}
+_THREE_D = {4: '2x2x1', 8: '2x2x2', 16: '2x2x4', 32: '2x4x4', 64: '4x4x4', 128: '4x4x8',
+            256: '4x8x8', 512: '8x8x8'}
+HBM_BYTES = {'v5e': 16 * GIB, 'v6e': 32 * GIB, 'v5p': 95 * GIB}
+
+
+def _known() -> dict[str, str]:
+  names = {f'{kind}-{chips}': f'{kind}:{shape}'
+           for kind in ('v5e', 'v6e') for chips, shape in _TWO_D.items()}
+  # v5p slices are named by TensorCores, two per chip.
+  names.update({f'v5p-{2 * chips}': f'v5p:{shape}' for chips, shape in _THREE_D.items()})
+  return names
+
+
+KNOWN_TOPOLOGIES = _known()
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  """The abstract devices of ``num_slices`` TPU slices of one kind, and each chip's HBM.
+
+  ``devices`` are ordered slice by slice (`device.slice_index`), so a mesh whose first
+  axis has ``num_slices`` entries puts that axis across the slices (the data-center
+  network) and the others within each slice (the chips' interconnect).
+  """
+  name: str
+  devices: tuple
+  hbm_bytes: int
+  num_slices: int = 1
+
+  @property
+  def chips(self) -> int:
+    return len(self.devices)
+
+
+def _libtpu_present() -> bool:
+  return importlib.util.find_spec('libtpu') is not None
+
+
+def tpu_topology(name: str, num_slices: int = 1) -> Topology:
+  """The abstract devices of a named TPU topology, to compile for without a TPU.
+
+  Args:
+    name: a pod slice by chip count (``'v5e-256'``, ``'v6e-64'``) or TensorCores
+      (``'v5p-128'``, 64 chips in a 4x4x4 torus), or libtpu's own form
+      (``'v5e:16x16'``, ``'v5p:4x4x4'``).
+    num_slices: slices joined by the data-center network (multislice).
+
+  Returns:
+    A `Topology`: its ``devices`` go into a `jax.sharding.Mesh` as real ones do.
+
+  Raises:
+    TopologyError: an unknown name (the message lists the known ones), or libtpu
+      missing (the message says how to install it).
+
+  Examples:
+    >>> tpu_topology('v5e-4').chips  # doctest: +SKIP
+    4
+
+  Not for running anything: arrays cannot be placed on these devices. On a real
+  pod, build the mesh from `jax.devices()`.
+  """
+  kind_shape = KNOWN_TOPOLOGIES.get(name, name)
+  kind, _, shape = kind_shape.partition(':')
+  if kind not in HBM_BYTES or not shape or kind_shape not in KNOWN_TOPOLOGIES.values():
+    raise TopologyError(f'unknown TPU topology {name!r}. Known: '
+                        f'{", ".join(KNOWN_TOPOLOGIES)} (or the same as kind:shape, e.g. '
+                        "'v5e:16x16').")
+  if not _libtpu_present():
+    raise TopologyError(
+        f'compiling for {name} needs libtpu (the TPU compiler; no TPU is needed). Fix: '
+        "pip install 'libtpu==0.0.42.*' (the version jax[tpu]==0.10.2 pins), or "
+        "pip install -e '.[tpu]'.")
+  os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')  # other processes may hold it
+  from jax.experimental import topologies
+  description = topologies.get_topology_desc(platform='tpu', topology_name=kind_shape,
+                                             num_slices=num_slices)
+  devices = sorted(description.devices, key=lambda d: (getattr(d, 'slice_index', 0), d.id))
+  return Topology(name, tuple(devices), HBM_BYTES[kind], num_slices)
+
+
+def is_tpu(devices) -> bool:
+  """Whether ``devices`` (of a mesh) are TPUs, real or abstract."""
+  return all(getattr(d, 'platform', '') == 'tpu' for d in devices)
+
+
+__all__ = ['GIB', 'HBM_BYTES', 'KNOWN_TOPOLOGIES', 'Topology', 'is_tpu', 'tpu_topology']

@@ -1,0 +1,182 @@
+"""A training step compiled ahead of time for a mesh of (abstract) devices.
+
+`compile_train_step` builds the step the main job runs (value and gradients of a loss,
+gradients in the layout of their parameters, an optax update), with every variable and
+optimizer moment sharded by its logical axis names, and compiles it for the mesh's
+devices from shapes alone: nothing is allocated, so a 70B model compiles for a TPU pod
+on a laptop. Optionally the optimizer state lives in host memory (JAX memory kinds) and
+visits the chips only for its update.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from flax.linen import logical_axis_rules, logical_to_mesh_axes
+from jax.sharding import NamedSharding, PartitionSpec
+
+from linen_ext.errors import BatchShardingError, MeshShapeError
+from linen_ext.scale.compiled import CompiledStats, compiled_stats
+from linen_ext.scale.flops import jaxpr_flops
+from linen_ext.sharding import strip_boxes, variable_shardings
+
+MESH_AXES = ('stage', 'data', 'model')
+Rules = Sequence[tuple[str, Any]]
+
+
+def make_mesh(devices: Sequence[Any], shape: Mapping[str, int]) -> jax.sharding.Mesh:
+  """A mesh with axes ``stage``, ``data`` and ``model`` (absent ones have size 1) over
+  ``devices`` in their order: ``stage`` outermost, so that with the devices ordered slice
+  by slice (`tpu_topology`) it spans the slices, and ``model`` innermost, on neighbours.
+
+  Raises:
+    MeshShapeError: an axis other than the three, or sizes whose product is not the
+      number of devices.
+  """
+  unknown = set(shape) - set(MESH_AXES)
+  sizes = tuple(int(shape.get(axis, 1)) for axis in MESH_AXES)
+  if unknown or math.prod(sizes) != len(devices) or min(sizes) < 1:
+    raise MeshShapeError(
+        f'mesh {dict(shape)} does not fit {len(devices)} chips: its axes must be among '
+        f'{MESH_AXES} and their sizes multiply to {len(devices)}. Fix: e.g. '
+        f"{{'data': {len(devices)}}} (FSDP over every chip) or "
+        f"{{'data': {max(len(devices) // 2, 1)}, 'model': 2}}.")
+  auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+  return jax.sharding.Mesh(np.asarray(devices, dtype=object).reshape(sizes), MESH_AXES,
+                           axis_types=auto)
+
+
+def batch_sharding(batch: Any, mesh: jax.sharding.Mesh, rules: Rules) -> Any:
+  """Each leaf of ``batch`` split along its leading axis as the logical axis ``batch``
+  maps (the data-parallel axes), the rest replicated.
+
+  Raises:
+    BatchShardingError: a leading dimension does not divide over those axes.
+  """
+  axes = logical_to_mesh_axes(('batch',), tuple(rules))[0]
+  names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+  ways = math.prod(mesh.shape[name] for name in names)
+
+  def one(path, leaf) -> NamedSharding:
+    size = np.shape(leaf)[0] if np.ndim(leaf) else 1
+    if size % ways:
+      raise BatchShardingError(
+          f'batch{jax.tree_util.keystr(path)}: its {size} examples do not divide over the '
+          f'data axes {names} ({ways} ways). Fix: a multiple of {ways} examples (per-device '
+          'batch x data-parallel chips), or fewer chips on those axes.')
+    return NamedSharding(mesh, PartitionSpec(axes) if np.ndim(leaf) else PartitionSpec())
+  return jax.tree_util.tree_map_with_path(one, batch)
+
+
+def next_token_loss(params: Any, model: Any, batch: Mapping[str, jax.Array]) -> jax.Array:
+  """Mean cross-entropy of ``batch['targets']`` under ``model`` on ``batch['inputs']``."""
+  logits = model.apply({'params': params}, batch['inputs'])
+  return optax.softmax_cross_entropy_with_integer_labels(
+      logits.astype('float32'), batch['targets']).mean()
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledStep:
+  """A training step compiled for a mesh: the `jax.stages.Compiled` (call it on a real
+  mesh) and its per-chip `CompiledStats`."""
+  compiled: jax.stages.Compiled
+  stats: CompiledStats
+
+
+def _specs(values: Any, shardings: Any) -> Any:
+  return jax.tree.map(lambda v, s: jax.ShapeDtypeStruct(np.shape(v), v.dtype, sharding=s),
+                      values, shardings)
+
+
+def _in_memory(shardings: Any, kind: str) -> Any:
+  return jax.tree.map(lambda s: s.with_memory_kind(kind), shardings)
+
+
+def _train_step(model, optimizer, loss_fn, rules, shardings, offload: bool):
+  device_opt = _in_memory(shardings['opt_state'], 'device') if offload else None
+
+  def step(state, batch):
+    with logical_axis_rules(tuple(rules)):
+      loss, grads = jax.value_and_grad(loss_fn)(state['params'], model, batch)
+      grads = jax.lax.with_sharding_constraint(grads, shardings['params'])
+      opt_state = state['opt_state']
+      if offload:  # to the chips for the update, and back
+        opt_state = jax.device_put(opt_state, device_opt)
+      updates, opt_state = optimizer.update(grads, opt_state, state['params'])
+      if offload:
+        opt_state = jax.device_put(opt_state, shardings['opt_state'])
+      return {'params': optax.apply_updates(state['params'], updates),
+              'opt_state': opt_state}, loss
+  return step
+
+
+def compile_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules: Rules,
+                       optimizer: optax.GradientTransformation,
+                       loss_fn: Callable[..., jax.Array] = next_token_loss,
+                       offload_optimizer: bool = False) -> CompiledStep:
+  """Compiles ``model``'s training step for ``mesh`` from shapes alone.
+
+  The step takes ``{'params', 'opt_state'}`` (donated: the update writes in place) and
+  ``batch``, and returns the updated state and the loss. Variables are created by
+  ``model.init(key, batch['inputs'])``; their shardings come from their logical axis
+  names through ``rules``; the batch is split along its leading axis over the axes
+  ``batch`` maps to.
+
+  Args:
+    model: a `linen_ext` (or `flax.linen`) module.
+    batch: the step's batch: arrays or `jax.ShapeDtypeStruct`s, a dict with ``'inputs'``.
+    mesh: the mesh (of real devices, or a `tpu_topology`'s abstract ones).
+    rules: logical axis rules, ``[(logical name, mesh axes or None), ...]``.
+    optimizer: an optax optimizer.
+    loss_fn: ``loss_fn(params, model, batch) -> scalar``; next-token cross-entropy by
+      default.
+    offload_optimizer: keep the optimizer state in host memory (``pinned_host``).
+
+  Returns:
+    A `CompiledStep`.
+
+  Raises:
+    BatchShardingError: the batch does not divide over the data axes.
+    ShardingError: a variable does not divide over the mesh axes its names map to.
+
+  Examples:
+    >>> step = compile_train_step(model, batch, mesh=mesh, rules=rules,  # doctest: +SKIP
+    ...                           optimizer=optax.adamw(1e-4))
+    >>> step.stats.device_bytes  # doctest: +SKIP
+
+  Not for steps of another form (several optimizers, a custom update): compile
+  your own `jax.jit(...).lower(...)` and read it with `compiled_stats`.
+  """
+  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), batch)
+  batch_shardings = batch_sharding(batch, mesh, rules)
+  key = jax.random.key(0)  # made outside the mesh: no eager op runs on abstract devices
+
+  def create(key):
+    params = model.init(key, batch['inputs'])['params']
+    return {'params': params, 'opt_state': optimizer.init(params)}
+  abstract = jax.eval_shape(create, key)  # (no rules: constraints are for the step)
+  shardings = variable_shardings(abstract, mesh, rules)
+  if offload_optimizer:
+    shardings['opt_state'] = _in_memory(shardings['opt_state'], 'pinned_host')
+  state = _specs(strip_boxes(abstract), shardings)
+  step = jax.jit(_train_step(model, optimizer, loss_fn, rules, shardings, offload_optimizer),
+                 in_shardings=(shardings, batch_shardings),
+                 out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())),
+                 donate_argnums=0)
+  with jax.set_mesh(mesh):
+    traced = step.trace(state, _specs(batch, batch_shardings))
+    lowered = traced.lower()
+    started = time.perf_counter()
+    compiled = lowered.compile()
+  flops = jaxpr_flops(traced.jaxpr) / mesh.size
+  return CompiledStep(compiled, compiled_stats(compiled, flops, time.perf_counter() - started))
+
+
+__all__ = ['CompiledStep', 'MESH_AXES', 'batch_sharding', 'compile_train_step', 'make_mesh',
+           'next_token_loss']

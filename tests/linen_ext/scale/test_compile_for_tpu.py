@@ -1,0 +1,112 @@
+"""Compiling for TPU topologies on this machine: a tiny LLaMA's training step for v5e
+2x2 (FSDP divides the state over the chips; the flash kernel is what runs), the
+planner's choice and refusal, and the errors raised before anything compiles."""
+import importlib
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import linen_ext as nn
+from linen_ext.errors import BatchShardingError, MeshShapeError, PlanError, TopologyError
+from linen_ext.scale import planner, topology
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / 'examples'))
+llama = importlib.import_module('llama')
+at_scale = importlib.import_module('train_lm_at_scale')
+
+# TPU arrays are stored in tiles of 8 x 128: dimensions of whole tiles per chip keep the
+# per-chip bytes those of the values.
+WIDE = llama.Config(512, 512, 2, 4, 2, 128, 1024)
+BATCH = {'inputs': jax.ShapeDtypeStruct((4, 128), jnp.int32),
+         'targets': jax.ShapeDtypeStruct((4, 128), jnp.int32)}
+# Long enough sequences that activations, not parameters, decide the memory.
+DEEP = llama.Config(256, 128, 8, 4, 2, 32, 256)
+LONG_BATCH = {'inputs': jax.ShapeDtypeStruct((16, 1024), jnp.int32),
+              'targets': jax.ShapeDtypeStruct((16, 1024), jnp.int32)}
+
+
+@pytest.fixture(autouse=True, scope='module')
+def standard_promotion():
+  """Flax's RMSNorm promotes its bfloat16 input with float32 implicitly."""
+  with jax.numpy_dtype_promotion('standard'):
+    yield
+
+
+@pytest.fixture(scope='module')
+def chips():
+  return nn.tpu_topology('v5e-4')
+
+
+def argument_bytes(model, mesh, rules) -> tuple[int, object]:
+  step = nn.compile_train_step(model, BATCH, mesh=mesh, rules=rules,
+                               optimizer=optax.adamw(1e-3), loss_fn=llama.next_token_loss)
+  return step.stats.argument_bytes, step
+
+
+def test_fsdp_divides_the_state_over_the_chips_and_the_flash_kernel_runs(chips):
+  model = llama.LM(WIDE, attention='flash')
+  mesh = nn.scale.make_mesh(chips.devices, {'data': 4})
+  fsdp = at_scale.axis_rules({'data': 4})
+  replicated = tuple((name, None if name == 'embed' else axis) for name, axis in fsdp)
+  sharded, step = argument_bytes(model, mesh, fsdp)
+  whole, _ = argument_bytes(model, mesh, replicated)
+  abstract = jax.eval_shape(model.init, jax.random.key(0), BATCH['inputs'])
+  state = 3 * sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nn.unbox(abstract)))
+  batch = 2 * BATCH['inputs'].size * 4 // 4
+  # Per chip: params and AdamW's two moments (a replicated step count, the chip's quarter
+  # of the batch), whole without FSDP and a quarter with it.
+  assert whole == pytest.approx(state + batch, rel=0.01)
+  assert sharded == pytest.approx(state / 4 + batch, rel=0.01)
+  assert step.stats.flops > 0
+  assert step.stats.collectives['all-gather'] > 0  # FSDP gathers each layer's weights
+  assert 'tpu_custom_call' in step.compiled.as_text()  # the Pallas kernel, not XLA's scores
+
+
+@pytest.fixture(scope='module')
+def tiny_plan(chips):
+  return nn.plan(llama.LM(DEEP), LONG_BATCH, chips, rules=at_scale.axis_rules,
+                 remat=('none', 'full'), offload_optimizer=(False,), memory_limit=2 ** 30,
+                 margin=0.0, loss_fn=llama.next_token_loss)
+
+
+def test_the_plan_is_the_cheapest_candidate_that_fits(tiny_plan):
+  by_remat = {t.candidate.remat: t.stats for t in tiny_plan.trials}
+  assert by_remat['full'].flops > by_remat['none'].flops  # the forward pass, recomputed
+  assert by_remat['full'].temp_bytes < by_remat['none'].temp_bytes
+  assert tiny_plan.best.remat == 'none'  # everything fits 1 GiB: the fewest FLOPs wins
+  between = (by_remat['full'].device_bytes + by_remat['none'].device_bytes) // 2
+  assert planner.choose(tiny_plan.trials, between, 0.0).candidate.remat == 'full'
+  assert 'remat=full' in str(tiny_plan) and 'fits' in str(tiny_plan)
+  assert tiny_plan.configure(llama.LM(DEEP)).remat is False
+
+
+def test_the_planner_refuses_when_nothing_fits_and_names_the_smallest_need(tiny_plan):
+  smallest = min(t.stats.device_bytes for t in tiny_plan.trials)
+  with pytest.raises(PlanError, match=rf'smallest need is {smallest / 2**30:.2f} GiB, by '
+                                      'remat=full'):
+    planner.choose(tiny_plan.trials, smallest - 1, 0.0)
+
+
+def test_bad_requests_fail_before_compiling(chips, monkeypatch):
+  with pytest.raises(TopologyError, match="unknown TPU topology 'v5e-3'. Known: v5e-4, "):
+    nn.tpu_topology('v5e-3')
+  with pytest.raises(MeshShapeError, match=r"mesh \{'data': 3\} does not fit 4 chips"):
+    nn.scale.make_mesh(chips.devices, {'data': 3})
+  mesh = nn.scale.make_mesh(chips.devices, {'data': 4})
+  odd = {'inputs': jnp.zeros((6, 8), jnp.int32)}
+  with pytest.raises(BatchShardingError, match=r"batch\['inputs'\]: its 6 examples do not "
+                                               r"divide over the data axes \('data',\)"):
+    nn.scale.batch_sharding(odd, mesh, at_scale.axis_rules({}))
+  monkeypatch.setattr(topology, '_libtpu_present', lambda: False)
+  with pytest.raises(TopologyError, match=r"needs libtpu .* pip install 'libtpu"):
+    nn.tpu_topology('v5e-4')
+
+
+def test_the_model_must_have_the_fields_the_plan_varies(chips):
+  with pytest.raises(PlanError, match=r"fields \['remat'\], which Dense does not have"):
+    nn.plan(nn.Dense(4), {'inputs': np.zeros((4, 2))}, chips, rules=())
