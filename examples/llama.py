@@ -134,6 +134,12 @@ class Block(nn.Module):
     return x + dense(c.d_model, ('mlp', 'embed'), 'down')(activation(gate) * up)
 
 
+def _jax_policy(remat: Any):
+  """A stack's ``remat=`` as `nn.remat`'s ``policy=`` for one layer (``None``: save
+  nothing; the loop engine's named policies keep nothing inside a layer either)."""
+  return remat if callable(remat) else None
+
+
 class LM(nn.Module):
   """Tokens ``[batch, length]`` to next-token logits ``[batch, length, vocab]`` (float32).
 
@@ -158,7 +164,11 @@ class LM(nn.Module):
     x = embed(tokens)
     if c.scale_embeddings:
       x = x * jnp.sqrt(c.d_model).astype(self.dtype)
-    blocks = nn.Stacked(Block, c.depth, remat=self.remat, name='blocks',
+    # A pipeline checkpoints each layer, not each tick: a tick's carries hold every
+    # microbatch's inputs and outputs, which a tick-level checkpoint would save per tick.
+    piped = self.pipeline_stages > 1 and self.remat is not False
+    block = nn.remat(Block, policy=_jax_policy(self.remat)) if piped else Block
+    blocks = nn.Stacked(block, c.depth, remat=False if piped else self.remat, name='blocks',
                         block_kwargs={'config': c, 'dtype': self.dtype,
                                       'attention': self.attention},
                         metadata_params={nn.PARTITION_NAME: 'layers'})

@@ -82,12 +82,17 @@ def report(args, topology, mesh: dict, stats) -> dict:
   hbm = args.hbm * GIB if args.hbm else topology.hbm_bytes
   fits = stats.device_bytes <= hbm
   collectives = ', '.join(f'{kind} {n}' for kind, n in stats.collectives.items()) or 'none'
-  print(f'per chip: arguments {stats.argument_bytes / GIB:.2f} GiB, temporaries '
-        f'{stats.temp_bytes / GIB:.2f} GiB, total {stats.device_bytes / GIB:.2f} GiB of '
-        f'{hbm / GIB:.0f} GiB HBM ({stats.device_bytes / hbm:.0%}); host memory '
-        f'{stats.host_bytes / GIB:.2f} GiB')
-  print(f'compiled in {stats.compile_seconds:.0f} s; {stats.flops / 1e12:.1f} TFLOP per chip '
+  size, flops = nn.scale.compiled.size_text, nn.scale.compiled.flops_text
+  print(f'per chip: arguments {size(stats.argument_bytes).strip()}, temporaries '
+        f'{size(stats.temp_bytes).strip()}, total {size(stats.device_bytes).strip()} of '
+        f'{size(hbm).strip()} HBM ({stats.device_bytes / hbm:.0%}); host memory '
+        f'{size(stats.host_bytes).strip()}')
+  print(f'compiled in {stats.compile_seconds:.0f} s; {flops(stats.flops).strip()} per chip '
         f'per step; collectives in the program: {collectives}')
+  if stats.cross_slice:
+    looped = ', '.join(f'{k} {n}' for k, n in stats.cross_slice_in_loops.items()) or 'none'
+    every = ', '.join(f'{k} {n}' for k, n in stats.cross_slice.items())
+    print(f'between slices: {every}; inside loops (a pipeline\'s ticks): {looped}')
   result = {'model': args.model, 'topology': topology.name, 'mesh': mesh, 'fits': fits,
             'total_gib': stats.device_bytes / GIB, 'arguments_gib': stats.argument_bytes / GIB,
             'temporaries_gib': stats.temp_bytes / GIB, 'host_gib': stats.host_bytes / GIB,
@@ -148,8 +153,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
                      stages=sorted({1, args.pipeline_stages}),
                      microbatches=[args.microbatches])
     print(chosen)
+    print(f'chosen: {chosen.best.describe()}')
     return report(args, topology, dict(chosen.best.mesh), chosen.stats)
   mesh_shape = parse_mesh(args.mesh, topology.chips, args.pipeline_stages)
+  data = mesh_shape.get('data', 1)
+  if batch['inputs'].shape[0] // args.microbatches % data:
+    raise SystemExit(f'--microbatches {args.microbatches}: each microbatch has '
+                     f'{batch["inputs"].shape[0] // args.microbatches} sequences, which do '
+                     f'not divide over data={data}. Fix: fewer microbatches or a larger '
+                     '--per-device-batch.')
   mesh = nn.scale.make_mesh(topology.devices, mesh_shape)
   print(f'mesh {dict(mesh.shape)}, remat {args.remat}, attention {model.attention or "xla"}'
         f'{", optimizer state in host memory" if args.offload_optimizer else ""}')

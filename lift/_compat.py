@@ -96,8 +96,9 @@ def define_primitive_rules(prim: Primitive, *, impl, abstract_eval, jvp,
   """Registers evaluation, lowering, JVP and batching rules of `prim`.
 
   `jvp(primals, tangents, **params)` receives instantiated (dense) tangents;
-  `batch(args, dims, **params) -> (outs, out_dims)` receives `None` for
-  unbatched arguments.
+  `batch(args, dims, *, spmd_axis_name, **params) -> (outs, out_dims)` receives
+  `None` for unbatched arguments, and the mesh axes the batched axis is sharded over
+  (`jax.vmap`'s `spmd_axis_name`), for a rule that vmaps again to pass on.
   """
   prim.multiple_results = True
   prim.def_impl(impl)
@@ -109,7 +110,10 @@ def define_primitive_rules(prim: Primitive, *, impl, abstract_eval, jvp,
     return jvp(primals, tangents, **params)
 
   _ad.primitive_jvps[prim] = dense_jvp
-  _batching.primitive_batchers[prim] = batch
+  def batch_on_axis(axis_data, args, dims, **params):
+    return batch(args, dims, spmd_axis_name=axis_data.spmd_name, **params)
+
+  _batching.fancy_primitive_batchers[prim] = batch_on_axis
 
 
 def define_linear_primitive(prim: Primitive, *, impl, lowering, abstract_eval,
@@ -131,7 +135,10 @@ def define_linear_primitive(prim: Primitive, *, impl, lowering, abstract_eval,
     return transpose([_ad.instantiate_zeros(c) for c in cotangents], *operands, **params)
 
   _ad.deflinear2(prim, dense_transpose)
-  _batching.primitive_batchers[prim] = batch
+  def batch_on_axis(axis_data, args, dims, **params):
+    return batch(args, dims, spmd_axis_name=axis_data.spmd_name, **params)
+
+  _batching.fancy_primitive_batchers[prim] = batch_on_axis
 
 
 def lower_function(ctx, fn, avals_in, avals_out, *operands) -> list:

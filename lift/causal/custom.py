@@ -38,9 +38,10 @@ def _jvp(primals, tangents, *, jaxpr, **params):
   return jax.jvp(_compat.jaxpr_as_fun(jaxpr), list(primals), list(tangents))
 
 
-def _batch(args, dims, *, jaxpr, **params):
+def _batch(args, dims, *, jaxpr, spmd_axis_name, **params):
   del params
-  outs = jax.vmap(_compat.jaxpr_as_fun(jaxpr), in_axes=list(dims))(*args)
+  outs = jax.vmap(_compat.jaxpr_as_fun(jaxpr), in_axes=list(dims),
+                  spmd_axis_name=spmd_axis_name)(*args)
   return outs, [0] * len(outs)
 
 

@@ -19,7 +19,10 @@ class CompiledStats:
   """Per-chip bytes of a compiled program (XLA's memory analysis: exact, not sampled),
   its FLOPs per chip (`jaxpr_flops` of the whole step over the chips: recomputation
   included, every loop counted as often as it runs) and how many collectives of each
-  kind its code holds (a collective inside a loop counts once).
+  kind its code holds (a collective inside a loop counts once). A program for several
+  slices moves data between them over the data-center network: ``cross_slice`` counts
+  those transfers by kind, and ``cross_slice_in_loops`` those inside a loop (a pipeline's
+  tick loop should hold only ``collective-permute`` transfers).
 
   ``device_bytes`` is what the chip's memory must hold at the peak: arguments,
   temporaries, and outputs that do not reuse a donated argument's buffer.
@@ -32,6 +35,8 @@ class CompiledStats:
   flops: float
   collectives: dict[str, int]
   compile_seconds: float
+  cross_slice: dict[str, int] = dataclasses.field(default_factory=dict)
+  cross_slice_in_loops: dict[str, int] = dataclasses.field(default_factory=dict)
 
   @property
   def device_bytes(self) -> int:
@@ -75,19 +80,74 @@ def count_collectives(hlo_text: str) -> dict[str, int]:
   return {kind: found[kind] for kind in COLLECTIVES if found[kind]}
 
 
+_TRANSFER = re.compile(r' send\(.*_xla_megascale_transfer_type="(\w+)"')
+_CALLEE = re.compile(r'(?:body|condition|calls|to_apply)=%?([\w.\-]+)')
+_BODY = re.compile(r'body=%?([\w.\-]+)')
+_TRANSFER_KINDS = {'ONE_TO_ONE': 'collective-permute', 'ALL_GATHER': 'all-gather',
+                   'ALL_REDUCE': 'all-reduce', 'REDUCE_SCATTER': 'reduce-scatter',
+                   'ALL_TO_ALL': 'all-to-all'}
+
+
+def _computations(hlo_text: str) -> dict[str, list[str]]:
+  """Each computation's lines, by name."""
+  found: dict[str, list[str]] = {}
+  lines: list[str] = []
+  for line in hlo_text.splitlines():
+    head = _COMPUTATION.match(line)
+    if head:
+      lines = found.setdefault(head.group(1), [])
+    lines.append(line)
+  return found
+
+
+def _in_loops(computations: dict[str, list[str]]) -> set[str]:
+  """The computations that run inside a while loop: the bodies and what they call."""
+  pending = [m.group(1) for lines in computations.values() for line in lines
+             for m in _BODY.finditer(line)]
+  inside: set[str] = set()
+  while pending:
+    name = pending.pop()
+    if name in inside or name not in computations:
+      continue
+    inside.add(name)
+    pending.extend(m.group(1) for line in computations[name] for m in _CALLEE.finditer(line))
+  return inside
+
+
+def cross_slice_transfers(hlo_text: str) -> tuple[dict[str, int], dict[str, int]]:
+  """The transfers between slices (over the data-center network) by kind: all of them,
+  and those inside loops."""
+  computations = _computations(hlo_text)
+  loops = _in_loops(computations)
+  every: collections.Counter = collections.Counter()
+  looped: collections.Counter = collections.Counter()
+  for name, lines in computations.items():
+    for line in lines:
+      match = _TRANSFER.search(line)
+      if match:
+        kind = _TRANSFER_KINDS.get(match.group(1), match.group(1).lower())
+        every[kind] += 1
+        looped[kind] += name in loops
+  return dict(every), {kind: n for kind, n in looped.items() if n}
+
+
 def compiled_stats(compiled: jax.stages.Compiled, flops: float,
                    compile_seconds: float = 0.0) -> CompiledStats:
   """The `CompiledStats` of ``compiled`` (from ``jax.jit(f).lower(...).compile()``), with
   ``flops`` per chip (say, `jaxpr_flops` of its ``trace(...).jaxpr`` over the chips)."""
   memory = compiled.memory_analysis()
+  text = compiled.as_text()
+  cross_slice, cross_slice_in_loops = cross_slice_transfers(text)
   host = (memory.host_argument_size_in_bytes + memory.host_temp_size_in_bytes
           + memory.host_output_size_in_bytes - memory.host_alias_size_in_bytes)
   return CompiledStats(
       argument_bytes=memory.argument_size_in_bytes, output_bytes=memory.output_size_in_bytes,
       alias_bytes=memory.alias_size_in_bytes, temp_bytes=memory.temp_size_in_bytes,
       host_bytes=host, flops=float(flops),
-      collectives=count_collectives(compiled.as_text()), compile_seconds=compile_seconds)
+      collectives=count_collectives(text), compile_seconds=compile_seconds,
+      cross_slice=cross_slice, cross_slice_in_loops=cross_slice_in_loops)
 
 
-__all__ = ['COLLECTIVES', 'CompiledStats', 'compiled_stats', 'count_collectives', 'flops_text',
+__all__ = ['COLLECTIVES', 'CompiledStats', 'compiled_stats', 'count_collectives',
+           'cross_slice_transfers', 'flops_text',
            'size_text']

@@ -19,7 +19,7 @@ import optax
 
 from lift.errors import LiftError
 from linen_ext.errors import PlanError
-from linen_ext.scale.compiled import GIB, CompiledStats
+from linen_ext.scale.compiled import CompiledStats, size_text
 from linen_ext.scale.topology import Topology, tpu_topology
 from linen_ext.scale.train_step import compile_train_step, make_mesh, next_token_loss
 
@@ -41,7 +41,12 @@ def remat_value(name: str) -> Any:
 @dataclasses.dataclass(frozen=True)
 class Candidate:
   """One configuration: the stack's remat policy, the mesh, the pipeline's microbatches,
-  and whether the optimizer state lives in host memory."""
+  and whether the optimizer state lives in host memory.
+
+  Examples:
+    >>> Candidate('nested', (('stage', 1), ('data', 64), ('model', 2)), 1, True).describe()
+    'remat=nested, data 64 x model 2, optimizer in host memory'
+  """
   remat: str
   mesh: tuple[tuple[str, int], ...]
   microbatches: int = 1
@@ -80,8 +85,8 @@ class Plan:
 
   def __str__(self) -> str:
     budget = self.memory_limit * (1 - self.margin)
-    lines = [f'{len(self.trials)} candidates, limit {self.memory_limit / GIB:.2f} GiB per chip '
-             f'({budget / GIB:.2f} GiB with a {self.margin:.0%} margin):']
+    lines = [f'{len(self.trials)} candidates, limit {size_text(self.memory_limit).strip()} '
+             f'per chip ({size_text(budget).strip()} with a {self.margin:.0%} margin):']
     for trial in self.trials:
       mark = '*' if trial.candidate == self.best else ' '
       what = trial.stats.row() if trial.stats else f'could not compile: {trial.error}'
@@ -133,6 +138,10 @@ def _try(model, batch, devices, candidate, rules, optimizer, loss_fn) -> Trial:
     raise
   except (LiftError, ValueError) as error:  # a shape that does not divide, say
     return Trial(candidate, None, str(error).splitlines()[0][:160])
+  except jax.errors.JaxRuntimeError as error:  # the compiler's own "does not fit"
+    if 'RESOURCE_EXHAUSTED' not in str(error):
+      raise
+    return Trial(candidate, None, str(error).split('RESOURCE_EXHAUSTED: ')[-1][:160])
   return Trial(candidate, step.stats)
 
 
@@ -149,8 +158,9 @@ def choose(trials: Sequence[Trial], memory_limit: int, margin: float) -> Trial:
   smallest = min(compiled, key=lambda t: t.stats.device_bytes)  # type: ignore[union-attr]
   need = smallest.stats.device_bytes  # type: ignore[union-attr]
   raise PlanError(
-      f'nn.plan: nothing fits {memory_limit / GIB:.2f} GiB per chip ({budget / GIB:.2f} GiB '
-      f'with the {margin:.0%} margin): the smallest need is {need / GIB:.2f} GiB, by '
+      f'nn.plan: nothing fits {size_text(memory_limit).strip()} per chip '
+      f'({size_text(budget).strip()} with the {margin:.0%} margin): the smallest need is '
+      f'{size_text(need).strip()}, by '
       f'{smallest.candidate.describe()}. Fix: more chips, a smaller per-device batch, '
       'more candidates (remat=\'offload\' or \'nested\', offload_optimizer, pipeline '
       'stages), or a smaller margin.')

@@ -73,7 +73,7 @@ def tpu_topology(name: str, num_slices: int = 1) -> Topology:
       missing (the message says how to install it).
 
   Examples:
-    >>> tpu_topology('v5e-4').chips  # doctest: +SKIP
+    >>> tpu_topology('v5e-4').chips
     4
 
   Not for running anything: arrays cannot be placed on these devices. On a real

@@ -160,7 +160,8 @@ def compile_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules
   def create(key):
     params = model.init(key, batch['inputs'])['params']
     return {'params': params, 'opt_state': optimizer.init(params)}
-  abstract = jax.eval_shape(create, key)  # (no rules: constraints are for the step)
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # no rules: they are the step's
+    abstract = jax.eval_shape(create, key)
   shardings = variable_shardings(abstract, mesh, rules)
   if offload_optimizer:
     shardings['opt_state'] = _in_memory(shardings['opt_state'], 'pinned_host')

@@ -3,6 +3,7 @@
 planner's choice and refusal, and the errors raised before anything compiles."""
 import importlib
 import pathlib
+import re
 import sys
 
 import jax
@@ -87,8 +88,8 @@ def test_the_plan_is_the_cheapest_candidate_that_fits(tiny_plan):
 
 def test_the_planner_refuses_when_nothing_fits_and_names_the_smallest_need(tiny_plan):
   smallest = min(t.stats.device_bytes for t in tiny_plan.trials)
-  with pytest.raises(PlanError, match=rf'smallest need is {smallest / 2**30:.2f} GiB, by '
-                                      'remat=full'):
+  need = nn.scale.compiled.size_text(smallest).strip()
+  with pytest.raises(PlanError, match=rf'smallest need is {need}, by remat=full'):
     planner.choose(tiny_plan.trials, smallest - 1, 0.0)
 
 
@@ -110,3 +111,29 @@ def test_bad_requests_fail_before_compiling(chips, monkeypatch):
 def test_the_model_must_have_the_fields_the_plan_varies(chips):
   with pytest.raises(PlanError, match=r"fields \['remat'\], which Dense does not have"):
     nn.plan(nn.Dense(4), {'inputs': np.zeros((4, 2))}, chips, rules=())
+
+
+def test_the_flash_trained_model_decodes_with_the_step_as_scan_derives():
+  """The kernel is the training step's; decoding steps the KV cache (of the key/value
+  heads only) that `as_scan` derives from the same model."""
+  config = llama.PRESETS['tiny']
+  model = llama.LM(config, attention='flash', dtype=jnp.float32)
+  tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, config.vocab)
+  reference = model.clone(attention=None)  # the same variables; runs on this CPU
+  variables = reference.init(jax.random.key(0), tokens)
+  step, carry = nn.as_scan(model, variables, tokens, time_axis=1)
+  carry, logits = jax.lax.scan(step, carry, tokens.T)
+  want = reference.apply(variables, tokens)
+  np.testing.assert_allclose(jnp.swapaxes(logits, 0, 1), want, rtol=1e-4, atol=1e-4)
+  caches = [x.shape for x in jax.tree.leaves(carry) if x.ndim == 5]
+  assert caches and all(shape[2] == config.kv_heads for shape in caches)
+
+
+def test_a_pipeline_over_two_slices_sends_only_permutes_between_them_in_its_ticks(capsys):
+  result = at_scale.main(['--compile-for', 'v5e-4', '--num-slices', '2', '--model', 'tiny',
+                          '--pipeline-stages', '2', '--microbatches', '2',
+                          '--seq-length', '128'])
+  printed = capsys.readouterr().out
+  assert result['mesh'] == {'stage': 2, 'data': 4, 'model': 1} and result['fits']
+  assert re.search(r"inside loops \(a pipeline's ticks\): collective-permute \d+\n", printed)
+  assert printed.count('between slices:') == 1 and 'result: model=tiny' in printed
