@@ -27,6 +27,8 @@ from flax.linen import (avg_pool, combine_masks, dot_product_attention,
                         pool, zeros, zeros_init)
 from flax.linen import meta
 
+import importlib as _importlib
+
 from lift import tracing as _tracing
 from lift.causal import causal_self_attention
 from lift.filters import DenyList
@@ -67,8 +69,7 @@ _SCALE_NAMES = ('scale', 'plan', 'compile_train_step', 'tpu_topology')
 
 def __getattr__(name: str):
   if name in _SCALE_NAMES:
-    import importlib
-    scale = importlib.import_module('linen_ext.scale')
+    scale = _importlib.import_module('linen_ext.scale')
     return scale if name == 'scale' else getattr(scale, name)
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 

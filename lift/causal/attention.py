@@ -17,7 +17,7 @@ with the kernel decodes with the same KV cache.
 from __future__ import annotations
 
 import functools
-import math
+import importlib
 from typing import NamedTuple
 
 import jax
@@ -65,32 +65,16 @@ def _reference(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   return out.reshape(q.shape[:-1] + v.shape[-1:])
 
 
-def _flash_kernel(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-  """The Pallas kernel on ``[batch, length, heads, features]`` blocks (one shard)."""
-  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
-  length, groups = q.shape[1], q.shape[2] // k.shape[2]
-  block = math.gcd(length, 512)
-  sizes = pallas_flash.BlockSizes(
-      block_q=block, block_k_major=block, block_k=block, block_b=1, block_q_major_dkv=block,
-      block_k_major_dkv=block, block_k_dkv=block, block_q_dkv=block, block_k_major_dq=block,
-      block_k_dq=block, block_q_dq=block)
-  k, v = (jnp.repeat(x, groups, axis=2) for x in (k, v))
-  q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
-  out = pallas_flash.flash_attention(q, k, v, causal=True, sm_scale=q.shape[-1] ** -0.5,
-                                     block_sizes=sizes)
-  return jnp.swapaxes(out, 1, 2)
-
-
 def _flash(q: jax.Array, k: jax.Array, v: jax.Array, mesh_axes) -> jax.Array:
   """The full form by the kernel: batch axes flattened into one, and, with ``mesh_axes``,
   the kernel run on each device's shard (XLA cannot split a kernel call itself)."""
   batch = q.shape[:-3]
   q, k, v = (x.reshape((-1,) + x.shape[-3:]) for x in (q, k, v))
-  kernel = _flash_kernel
+  # Loaded on first use: importing Pallas costs every `import lift` a tenth of a second.
+  kernel = importlib.import_module('lift.causal.flash').flash_kernel
   if mesh_axes is not None:
     spec = PartitionSpec(*mesh_axes)
-    kernel = jax.shard_map(_flash_kernel, in_specs=(spec,) * 3, out_specs=spec,
-                           check_vma=False)
+    kernel = jax.shard_map(kernel, in_specs=(spec,) * 3, out_specs=spec, check_vma=False)
   out = kernel(q, k, v)
   return out.reshape(batch + out.shape[1:])
 

@@ -136,7 +136,8 @@ def compiled_stats(compiled: jax.stages.Compiled, flops: float,
   """The `CompiledStats` of ``compiled`` (from ``jax.jit(f).lower(...).compile()``), with
   ``flops`` per chip (say, `jaxpr_flops` of its ``trace(...).jaxpr`` over the chips)."""
   memory = compiled.memory_analysis()
-  text = compiled.as_text()
+  assert memory is not None, 'this backend gives no memory analysis'
+  text = compiled.as_text() or ''
   cross_slice, cross_slice_in_loops = cross_slice_transfers(text)
   host = (memory.host_argument_size_in_bytes + memory.host_temp_size_in_bytes
           + memory.host_output_size_in_bytes - memory.host_alias_size_in_bytes)

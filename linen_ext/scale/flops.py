@@ -25,8 +25,8 @@ def _jaxpr_of(value: Any) -> core.Jaxpr | None:
 
 def _dot_flops(eqn: core.JaxprEqn) -> int:
   (contracting, _), _ = eqn.params['dimension_numbers']
-  lhs = eqn.invars[0].aval.shape
-  out = eqn.outvars[0].aval.shape
+  lhs = eqn.invars[0].aval.shape  # type: ignore[attr-defined]
+  out = eqn.outvars[0].aval.shape  # type: ignore[attr-defined]
   return 2 * math.prod(out) * math.prod(lhs[d] for d in contracting)
 
 
@@ -42,10 +42,10 @@ def jaxpr_flops(jaxpr: core.Jaxpr | core.ClosedJaxpr) -> int:
   costliest branch, ``shard_map`` bodies times their shards. Elementwise work is left
   out (on accelerators the products dominate); a ``while`` loop, whose trip count is
   not known, counts once."""
-  jaxpr = _jaxpr_of(jaxpr)
-  assert jaxpr is not None
+  open_jaxpr = _jaxpr_of(jaxpr)
+  assert open_jaxpr is not None
   total = 0
-  for eqn in jaxpr.eqns:
+  for eqn in open_jaxpr.eqns:
     name = eqn.primitive.name
     if name == 'dot_general':
       total += _dot_flops(eqn)

@@ -150,7 +150,8 @@ def choose(trials: Sequence[Trial], memory_limit: int, margin: float) -> Trial:
   compiled = [t for t in trials if t.stats is not None]
   fitting = [t for t in compiled if t.stats.device_bytes <= budget]  # type: ignore[union-attr]
   if fitting:
-    return min(fitting, key=lambda t: (t.stats.flops, t.stats.host_bytes,  # type: ignore
+    return min(fitting, key=lambda t: (t.stats.flops,  # type: ignore[union-attr]
+                                       t.stats.host_bytes,  # type: ignore[union-attr]
                                        t.stats.device_bytes))  # type: ignore[union-attr]
   if not compiled:
     raise PlanError('nn.plan: no candidate compiled: ' + '; '.join(
@@ -194,7 +195,11 @@ def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
     loss_fn: ``loss_fn(params, model, batch)``; next-token cross-entropy by default.
     rules: logical axis rules over the mesh axes ``stage``, ``data``, ``model``, or a
       function of the candidate's mesh shape returning them.
-    remat, tensor, stages, microbatches, offload_optimizer: the values to try.
+    remat: the stack's remat policies to try, among `REMATS`.
+    tensor: sizes of the ``model`` (tensor-parallel) mesh axis to try.
+    stages: sizes of the ``stage`` (pipeline) mesh axis to try.
+    microbatches: the pipeline's microbatch counts to try (with ``stages`` > 1).
+    offload_optimizer: whether to keep the optimizer state in host memory, to try.
 
   Returns:
     A `Plan`: ``plan.best``, ``plan.configure(model)``, ``plan.stats``, ``str(plan)``.

@@ -11,6 +11,8 @@ import dataclasses
 import importlib.util
 import os
 
+from jax.experimental import topologies
+
 
 from linen_ext.errors import TopologyError
 
@@ -91,10 +93,9 @@ def tpu_topology(name: str, num_slices: int = 1) -> Topology:
         "pip install 'libtpu==0.0.42.*' (the version jax[tpu]==0.10.2 pins), or "
         "pip install -e '.[tpu]'.")
   os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')  # other processes may hold it
-  from jax.experimental import topologies
   description = topologies.get_topology_desc(platform='tpu', topology_name=kind_shape,
                                              num_slices=num_slices)
-  devices = sorted(description.devices, key=lambda d: (getattr(d, 'slice_index', 0), d.id))
+  devices = sorted(description.devices, key=lambda d: (getattr(d, 'slice_index', 0), getattr(d, 'id', 0)))
   return Topology(name, tuple(devices), HBM_BYTES[kind], num_slices)
 
 

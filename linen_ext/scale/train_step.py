@@ -59,7 +59,8 @@ def batch_sharding(batch: Any, mesh: jax.sharding.Mesh, rules: Rules) -> Any:
   Raises:
     BatchShardingError: a leading dimension does not divide over those axes.
   """
-  axes = logical_to_mesh_axes(('batch',), tuple(rules))[0]
+  spec = logical_to_mesh_axes(('batch',), tuple(rules))
+  axes = spec[0] if spec is not None else None
   names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
   ways = math.prod(mesh.shape[name] for name in names)
 
