@@ -496,11 +496,13 @@ class AttentionArgumentError(LiftError, ValueError):
     ...   lift.causal_self_attention(x, x, x, implementation='cudnn')
     ... except AttentionArgumentError as e:
     ...   print(e)
-    causal_self_attention: implementation is 'cudnn'; it takes one of (None, 'xla', 'flash').
+    causal_self_attention: implementation is 'cudnn'; it takes one of (None, 'xla', 'flash'). Fix: ...
   """
 
   def __init__(self, argument: str, got: str, takes: str) -> None:
-    super().__init__(f'causal_self_attention: {argument} is {got}; it takes {takes}.')
+    super().__init__(f'causal_self_attention: {argument} is {got}; it takes {takes}. Fix: '
+                     f'pass {argument} as that says (None or \'xla\' compute anywhere, '
+                     '\'flash\' for TPU).')
 
 
 class ScanRewriteError(LiftError, ValueError):

@@ -60,6 +60,7 @@ NOT_RAISED_BY_A_MISTAKE = {
     'ModuleError': 'the base class of the Module system',
     'ShardingError': 'the base class of the sharding errors',
     'PipelineError': 'the base class of the errors of Stacked.pipeline',
+    'ScaleError': 'the base class of the errors compiling for a topology and planning',
     'UnmappedCollectionError': 'raised as its subclass UnliftedCollectionError: pack makes a '
                                'collection immutable inside unless an out filter returns it',
 }

@@ -86,7 +86,7 @@ def tpu_topology(name: str, num_slices: int = 1) -> Topology:
   if kind not in HBM_BYTES or not shape or kind_shape not in KNOWN_TOPOLOGIES.values():
     raise TopologyError(f'unknown TPU topology {name!r}. Known: '
                         f'{", ".join(KNOWN_TOPOLOGIES)} (or the same as kind:shape, e.g. '
-                        "'v5e:16x16').")
+                        "'v5e:16x16'). Fix: one of those names, e.g. nn.tpu_topology('v5e-256').")
   if not _libtpu_present():
     raise TopologyError(
         f'compiling for {name} needs libtpu (the TPU compiler; no TPU is needed). Fix: '

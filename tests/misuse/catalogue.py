@@ -1,6 +1,7 @@
 """Every case of the misuse catalogue, by name."""
 from tests.misuse import (Case, entry_cases, layer_cases, loop_cases, module_cases,
-                          module_transform_cases, pipeline_cases, scope_cases, sharding_cases,
+                          module_transform_cases, pipeline_cases, scale_cases, scope_cases,
+                          sharding_cases,
                           stack_cases, transform_cases, vmap_scan_cases)
 
 AREAS = {
@@ -15,6 +16,7 @@ AREAS = {
     'pipelines': pipeline_cases.CASES,
     'layers, Flax interop and partitioning': layer_cases.CASES,
     'sharding on a mesh': sharding_cases.CASES,
+    'compiling for TPU pods and attention kernels': scale_cases.CASES,
 }
 CASES: dict[str, Case] = {}
 for _cases in AREAS.values():

@@ -1,0 +1,52 @@
+"""Mistakes compiling for a TPU topology and planning (`nn.tpu_topology`,
+`nn.compile_train_step`, `nn.plan`), and in asking for an attention kernel: each is
+refused before anything compiles."""
+import jax.numpy as jnp
+
+import lift
+import linen_ext as nn
+from lift import errors
+from linen_ext import errors as nn_errors
+
+from tests.misuse import case
+
+RULES = [('batch', 'data')]
+
+
+def _mesh(shape):
+  return lambda: nn.scale.make_mesh(nn.tpu_topology('v5e-4').devices, shape)
+
+
+def _odd_batch():
+  mesh = nn.scale.make_mesh(nn.tpu_topology('v5e-4').devices, {'data': 4})
+  return nn.scale.batch_sharding({'inputs': jnp.zeros((6, 8), jnp.int32)}, mesh, RULES)
+
+
+def _plan_without_remat():
+  return nn.plan(nn.Dense(4), {'inputs': jnp.zeros((4, 2))}, 'v5e-4', rules=RULES)
+
+
+def _attention(**kwargs):
+  x = jnp.ones((2, 8, 4, 16))
+  return lambda: lift.causal_self_attention(x, x, x, **kwargs)
+
+
+CASES = [
+    case('an unknown TPU topology name', lambda: nn.tpu_topology('v5e-3'),
+         nn_errors.TopologyError, "unknown TPU topology 'v5e-3'", 'Known: v5e-4, v5e-8'),
+    case('a mesh whose sizes do not multiply to the chips', _mesh({'data': 3}),
+         nn_errors.MeshShapeError, "mesh {'data': 3} does not fit 4 chips", "{'data': 4}"),
+    case('a mesh axis other than stage, data and model', _mesh({'fsdp': 4}),
+         nn_errors.MeshShapeError, "('stage', 'data', 'model')"),
+    case('a batch that does not divide over the data axes', _odd_batch,
+         nn_errors.BatchShardingError, "batch['inputs']: its 6 examples",
+         "data axes ('data',) (4 ways)"),
+    case('nn.plan of a model without a remat field', _plan_without_remat,
+         nn_errors.PlanError, "fields ['remat'], which Dense does not have"),
+    case('causal_self_attention given an unknown implementation',
+         _attention(implementation='splash'), errors.AttentionArgumentError,
+         "implementation is 'splash'", "(None, 'xla', 'flash')"),
+    case('flash attention given mesh axes that shard the length',
+         _attention(implementation='flash', mesh_axes=('data', 'seq', None, None)),
+         errors.AttentionArgumentError, 'length and features unsharded'),
+]
