@@ -92,13 +92,14 @@ def bind_equation(eqn: JaxprEqn, args: list) -> list:
 
 
 def define_primitive_rules(prim: Primitive, *, impl, abstract_eval, jvp,
-                           batch) -> None:
+                           batch, batch_takes_spmd_axis: bool = False) -> None:
   """Registers evaluation, lowering, JVP and batching rules of `prim`.
 
   `jvp(primals, tangents, **params)` receives instantiated (dense) tangents;
-  `batch(args, dims, *, spmd_axis_name, **params) -> (outs, out_dims)` receives
-  `None` for unbatched arguments, and the mesh axes the batched axis is sharded over
-  (`jax.vmap`'s `spmd_axis_name`), for a rule that vmaps again to pass on.
+  `batch(args, dims, **params) -> (outs, out_dims)` receives `None` for
+  unbatched arguments; with `batch_takes_spmd_axis`, also `spmd_axis_name=`: the
+  mesh axes the batched axis is sharded over (`jax.vmap`'s), for a rule that vmaps
+  again to pass on.
   """
   prim.multiple_results = True
   prim.def_impl(impl)
@@ -110,9 +111,12 @@ def define_primitive_rules(prim: Primitive, *, impl, abstract_eval, jvp,
     return jvp(primals, tangents, **params)
 
   _ad.primitive_jvps[prim] = dense_jvp
+  if not batch_takes_spmd_axis:
+    _batching.primitive_batchers[prim] = batch
+    return
+
   def batch_on_axis(axis_data, args, dims, **params):
     return batch(args, dims, spmd_axis_name=axis_data.spmd_name, **params)
-
   _batching.fancy_primitive_batchers[prim] = batch_on_axis
 
 
@@ -135,10 +139,7 @@ def define_linear_primitive(prim: Primitive, *, impl, lowering, abstract_eval,
     return transpose([_ad.instantiate_zeros(c) for c in cotangents], *operands, **params)
 
   _ad.deflinear2(prim, dense_transpose)
-  def batch_on_axis(axis_data, args, dims, **params):
-    return batch(args, dims, spmd_axis_name=axis_data.spmd_name, **params)
-
-  _batching.fancy_primitive_batchers[prim] = batch_on_axis
+  _batching.primitive_batchers[prim] = batch
 
 
 def lower_function(ctx, fn, avals_in, avals_out, *operands) -> list:

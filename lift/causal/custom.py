@@ -47,7 +47,7 @@ def _batch(args, dims, *, jaxpr, spmd_axis_name, **params):
 
 _compat.define_primitive_rules(
     custom_causal_call_p, impl=_impl, abstract_eval=_abstract_eval, jvp=_jvp,
-    batch=_batch)
+    batch=_batch, batch_takes_spmd_axis=True)
 
 
 class CustomCausal:
