@@ -4,8 +4,11 @@ import pathlib
 import jax
 import pytest
 
-# libtpu (the TPU compiler the at-scale tests use) takes a machine-wide lock unless told
-# that several processes (the suite's workers) may load it.
+# libtpu is installed as the compiler of the at-scale tests (they compile for abstract
+# TPU chips), not as a backend: without JAX_PLATFORMS every process the suite starts would
+# first try, and fail, to start a TPU. It takes a machine-wide lock unless told that
+# several processes (the suite's workers) may load it.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 # Strict numerics: catch silent dtype and rank promotion in library code.
