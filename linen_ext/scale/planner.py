@@ -167,6 +167,18 @@ def choose(trials: Sequence[Trial], memory_limit: int, margin: float) -> Trial:
       'stages), or a smaller margin.')
 
 
+def _devices_and_limit(topology: Any, memory_limit: int | None) -> tuple[tuple, int]:
+  """The chips to compile for and their memory (a `Topology`'s HBM by default)."""
+  if isinstance(topology, str):
+    topology = tpu_topology(topology)
+  if isinstance(topology, Topology):
+    return topology.devices, memory_limit or topology.hbm_bytes
+  if memory_limit is None:
+    raise PlanError('nn.plan: memory_limit is required with devices other than a Topology '
+                    '(their memory is not known). Fix: memory_limit=16 * 2**30, say.')
+  return tuple(topology), memory_limit
+
+
 def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
          memory_limit: int | None = None, margin: float = 0.1,
          optimizer: optax.GradientTransformation | None = None,
@@ -216,15 +228,7 @@ def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
   Not for tuning speed: FLOPs count recomputation, not the time collectives or host
   transfers take; measure the chosen configuration's step time on the pod.
   """
-  if isinstance(topology, str):
-    topology = tpu_topology(topology)
-  if isinstance(topology, Topology):
-    devices, memory_limit = topology.devices, memory_limit or topology.hbm_bytes
-  else:
-    devices = tuple(topology)
-  if memory_limit is None:
-    raise PlanError('nn.plan: memory_limit is required with devices other than a Topology '
-                    '(their memory is not known). Fix: memory_limit=16 * 2**30, say.')
+  devices, memory_limit = _devices_and_limit(topology, memory_limit)
   optimizer = optimizer or optax.adamw(1e-4)
   found = candidates(len(devices), remat=remat, tensor=tensor, stages=stages,
                      microbatches=microbatches, offload_optimizer=offload_optimizer)

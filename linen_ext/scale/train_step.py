@@ -117,6 +117,17 @@ def _train_step(model, optimizer, loss_fn, rules, shardings, offload: bool):
   return step
 
 
+def _abstract_state(model, optimizer, batch, mesh) -> Any:
+  """The shapes (and boxes) of ``{'params', 'opt_state'}``; nothing is allocated."""
+  key = jax.random.key(0)  # made outside the mesh: no eager op runs on abstract devices
+
+  def create(key):
+    params = model.init(key, batch['inputs'])['params']
+    return {'params': params, 'opt_state': optimizer.init(params)}
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # no rules: they are the step's
+    return jax.eval_shape(create, key)
+
+
 def compile_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules: Rules,
                        optimizer: optax.GradientTransformation,
                        loss_fn: Callable[..., jax.Array] = next_token_loss,
@@ -156,13 +167,7 @@ def compile_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules
   """
   batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), batch)
   batch_shardings = batch_sharding(batch, mesh, rules)
-  key = jax.random.key(0)  # made outside the mesh: no eager op runs on abstract devices
-
-  def create(key):
-    params = model.init(key, batch['inputs'])['params']
-    return {'params': params, 'opt_state': optimizer.init(params)}
-  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # no rules: they are the step's
-    abstract = jax.eval_shape(create, key)
+  abstract = _abstract_state(model, optimizer, batch, mesh)
   shardings = variable_shardings(abstract, mesh, rules)
   if offload_optimizer:
     shardings['opt_state'] = _in_memory(shardings['opt_state'], 'pinned_host')
