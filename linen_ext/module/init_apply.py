@@ -74,11 +74,23 @@ def _unbound_method(module: Any, method: Any) -> Callable[..., Any]:
       raise errors.MissingMethodError(type(module).__name__, name)
     if not callable(method):
       raise errors.MethodNotCallableError(type(module).__name__, name, method)
-  if inspect.ismethod(method) and isinstance(method.__self__, EntryMixin):
-    method = method.__func__
-  if not callable(method) or not _takes_an_argument(method):
-    raise errors.InvalidMethodError(method)
-  return method
+  return unbound_fn(method)
+
+
+def unbound_fn(method_or_fn: Any) -> Callable[..., Any]:
+  """A module's bound method as the function under it; any other callable as it is.
+
+  Flax's private ``flax.linen.module._get_unbound_fn``, kept as ``nn.module._get_unbound_fn``
+  for clients that resolve a method before ``nn.apply`` or ``jax.jit``.
+
+  >>> unbound_fn(nn.Dense(2).__call__).__name__
+  '__call__'
+  """
+  if inspect.ismethod(method_or_fn) and isinstance(method_or_fn.__self__, EntryMixin):
+    method_or_fn = method_or_fn.__func__
+  if not callable(method_or_fn) or not _takes_an_argument(method_or_fn):
+    raise errors.InvalidMethodError(method_or_fn)
+  return method_or_fn
 
 
 def _check_rngs(module: Any, rngs: Any):
