@@ -2,7 +2,7 @@
 collection, variable path or argument), why, and how to fix it."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from flax import errors as flax_errors
 
@@ -207,19 +207,51 @@ class ImmutableCollectionError(LiftError, flax_errors.ModifyScopeVariableError):
     self.collection, self.name, self.path = col, name, path
 
 
-class UnknownRngError(LiftError, flax_errors.InvalidRngError):
-  """`make_rng` asked for a stream that this scope does not have."""
+class NearName(NamedTuple):
+  """A name in a lifted transform's filters that matches nothing there, near the one meant."""
+  transform: str | None  # the lifted transform whose filter it is
+  written: str | None  # the name in its filter; None when no written name is near
+  present: tuple[str, ...]  # the collections or streams there are
 
-  def __init__(self, rng_name, path, available, scope_name=None):
+
+def _near_text(near: NearName, meant: str, kind: str) -> str:
+  """A sentence on the near miss, or nothing."""
+  if near.written is None:
+    return ''
+  present = ', '.join(f'"{name}"' for name in near.present) or 'none'
+  return (f'The filters of the lifted `{near.transform}` name "{near.written}", which matches '
+          f'no {kind} (the {kind}s here: {present}): did you mean "{meant}"? ')
+
+
+class UnknownRngError(LiftError, flax_errors.InvalidRngError):
+  """`make_rng` asked for a stream that this scope does not have.
+
+  With ``left_out`` the stream was given outside the lifted transform it names, whose rng
+  filter does not pass it in.
+  """
+
+  def __init__(self, rng_name, path, available, scope_name=None,
+               left_out: NearName | None = None):
     who = f'{scope_name} needs PRNG for "{rng_name}"'
     if not scope_name:  # Flax's sentence, which names the unnamed root "None"
       who = f'None needs PRNG for "{rng_name}" (None: the unnamed top-level module)'
-    super().__init__(
-        f'{who}: scope "{_path_text(path)}" has only the streams {sorted(available)} (and no '
-        f'"params" stream to fall back on). Fix: pass it, e.g. `rngs={{"{rng_name}": key}}` to '
-        '`init`/`apply`; inside a lifted transform, make sure the transform\'s rng filter '
-        f'(`split_rngs` / `rngs`) matches "{rng_name}".')
-    self.rng_name, self.path = rng_name, path
+    if left_out is None:
+      message = (
+          f'{who}: scope "{_path_text(path)}" has only the streams {sorted(available)} (and no '
+          f'"params" stream to fall back on). Fix: pass it, e.g. `rngs={{"{rng_name}": key}}` '
+          'to `init`/`apply`; inside a lifted transform, make sure the transform\'s rng filter '
+          f'(`split_rngs` / `rngs`) matches "{rng_name}".')
+    else:
+      message = (
+          f'{who}: the stream is given outside the lifted `{left_out.transform}`, but no '
+          f'entry of its rng filter matches "{rng_name}", so scope "{_path_text(path)}" inside '
+          f'does not have it. {_near_text(left_out, rng_name, "stream")}Fix: pass it in: for '
+          f'vmap/scan `split_rngs={{"{rng_name}": True}}` (a key per item or step, as the '
+          f'params of an ensemble or a layer stack need) or `{{"{rng_name}": False}}` (the same '
+          'key for each); for other transforms include it in `rngs`.')
+    super().__init__(message)
+    self.rng_name, self.path, self.available, self.scope_name = rng_name, path, available, scope_name
+    self.left_out = left_out
 
 
 class NameInUseError(LiftError, ValueError, flax_errors.NameInUseError):
@@ -301,18 +333,27 @@ class UnmappedCollectionError(LiftError):
 
 class UnliftedCollectionError(UnmappedCollectionError, ImmutableCollectionError):
   """A write inside a lifted transform to a collection that is mutable outside it but that
-  the transform does not return (as in Flax, it is immutable inside: `sow` skips it)."""
+  the transform does not return (as in Flax, it is immutable inside: `sow` skips it).
 
-  def __init__(self, col, name, path, transform_name):
+  With ``near``, a name in the filters of the transform it names matches no collection and
+  is near this one: a misspelling.
+  """
+
+  def __init__(self, col, name, path, transform_name, near: NearName | None = None):
+    fix = (f'Fix: make the transform return "{col}": for vmap/scan add it to `variable_axes`, '
+           '`variable_broadcast` or `variable_carry`; for map_variables pass `mutable=True` (and '
+           '`init=True` to create it); for other transforms include it in `variables`.')
+    if near is not None:
+      fix = (f'{_near_text(near, col, "collection")}Fix: write "{col}" for "{near.written}" '
+             'in them (in `variable_axes`, `variable_broadcast` or `variable_carry` for '
+             'vmap/scan, `variables` for other transforms).')
     LiftError.__init__(
         self, f'Cannot update variable "{name}" in "{_path_text(path)}" because collection '
         f'"{col}" is immutable inside the lifted `{transform_name or "pack"}`: it is mutable '
-        'outside, but the transform does not return it, so the write would be lost. Fix: make '
-        f'the transform return "{col}": for vmap/scan add it to `variable_axes`, '
-        '`variable_broadcast` or `variable_carry`; for map_variables pass `mutable=True` (and '
-        '`init=True` to create it); for other transforms include it in `variables`.')
+        f'outside, but the transform does not return it, so the write would be lost. {fix}')
     self.collection, self.name, self.path = col, name, path
     self.collections = (col,)
+    self.transform_name, self.near = transform_name, near
 
 
 class InvalidVariablesError(LiftError, TypeError,

@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import difflib
 import functools
 import weakref
 from collections.abc import Callable, Sequence
@@ -23,7 +24,7 @@ from typing import Any, NamedTuple
 import jax
 
 from lift import errors
-from lift.filters import (Filter, group_collections, intersect_filters,
+from lift.filters import (DenyList, Filter, group_collections, in_filter, intersect_filters,
                           subtract_filters, union_filters, validate_filter)
 from lift.scope import Scope, copy_structure
 
@@ -227,6 +228,51 @@ def _invalidate_alive(created: list[weakref.ref[Scope]]) -> None:
       inner.invalidate()
 
 
+def _named(filters: Sequence[Filter]) -> set[str]:
+  """The names written in finite filters (not in True or a DenyList)."""
+  names: set[str] = set()
+  for f in filters:
+    if isinstance(f, str):
+      names.add(f)
+    elif not isinstance(f, (bool, DenyList)):
+      names.update(f)
+  return names
+
+
+def _near(transform: str | None, filters: Sequence[Filter], meant: str,
+          present: set[str]) -> errors.NearName:
+  """Which name of ``filters`` that matches nothing ``present`` is near ``meant``, if any."""
+  unmatched = sorted(_named(filters) - present)
+  near = difflib.get_close_matches(meant, unmatched, n=1)
+  return errors.NearName(transform, near[0] if near else None, tuple(sorted(present)))
+
+
+def _explain_left_out(error: errors.UnliftedCollectionError | errors.UnknownRngError,
+                     roots: Sequence[Scope], spec: PackSpec) -> errors.LiftError | None:
+  """The error again, saying that this transform's filters left out the collection or
+  stream (and which name in them is a near miss), when they did; else None.
+
+  A scope only sees what its transform passed in, so the error raised inside knows
+  neither what was given outside nor the filters; the innermost transform that left the
+  name out explains, and the transforms around it pass its error on.
+  """
+  if isinstance(error, errors.UnknownRngError):
+    given = {name for root in roots for name in root.rngs}
+    if (error.left_out is not None or error.rng_name not in given
+        or in_filter(_union(spec.rng_filters), error.rng_name)):
+      return None
+    return errors.UnknownRngError(
+        error.rng_name, error.path, error.available, error.scope_name,
+        left_out=_near(spec.name, spec.rng_filters, error.rng_name, given))
+  present = {col for root in roots for col in root.variables()} | {error.collection}
+  near = _near(spec.name, spec.in_filters + spec.out_filters, error.collection, present)
+  if (error.near is not None or near.written is None
+      or in_filter(_union(spec.out_filters), error.collection)):
+    return None
+  return errors.UnliftedCollectionError(error.collection, error.name, error.path,
+                                        error.transform_name, near=near)
+
+
 def _validated(filters: Sequence[Filter], kind: str, name: str | None) -> tuple[Filter, ...]:
   where = f'the {kind} of the lifted `{name or "pack"}`'
   return tuple(validate_filter(f, where) for f in filters)
@@ -279,6 +325,11 @@ def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
     repack_fn = functools.partial(repack, lifted, spec)
     try:
       result = fn(scope_fn, repack_fn, variable_groups, rng_groups, *args, **kwargs)
+    except (errors.UnliftedCollectionError, errors.UnknownRngError) as error:
+      explained = _explain_left_out(error, lifted.roots, spec)
+      if explained is None:
+        raise
+      raise explained.with_traceback(error.__traceback__) from None  # keeps the user's line
     finally:
       _invalidate_alive(created)
     if not (isinstance(result, (tuple, list)) and len(result) == 2):

@@ -7,28 +7,43 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
+import numpy as np
 from flax.typing import In, Out
 
-from lift.axes import (MappedAxes, check_axis_leaves, check_size, check_split_rngs,
+from lift.axes import (MappedAxes, MappedLeaf, check_axis_leaves, check_size, check_split_rngs,
                        check_variable_axes, infer_axis_size, leaf_axes, mapped_arguments,
                        mapped_variables, split_rng_groups)
 from lift import errors
 from lift.filters import Filter
 from lift.metadata import add_group_axes, remove_group_axes
 from lift.pack import pack
+from lift.scope import Scope
 
 _SHARED_WRITE = (
-    'vmap: a collection shared by every item (variable_axes None) was written '
-    'with a value that differs from item to item; JAX reports: {detail}. (In '
-    "that path, out_axes[1][group][root] is followed by the collection and the "
-    'variable names.) Fix: reduce the value over the mapped axis first, e.g. '
-    "jax.lax.pmean(value, axis_name) with axis_name='batch' given to vmap, or "
-    "give the collection an axis: variable_axes={{'collection': 0}}.")
+    'vmap: collection {collection!r} is shared by every item (variable_axes None), but '
+    '{path} was written with a value that differs from item to item: it '
+    'depends on the mapped axis{named}, and a shared collection holds one value for all '
+    'items. Fix: reduce the value over the mapped axis before writing it, e.g. '
+    'jax.lax.pmean(value, {axis_name!r}){given} (a layer that reduces over named axes '
+    'must name this axis too: BatchNorm(axis_name=(..., {axis_name!r}))), or give the '
+    'collection an axis: variable_axes={{{collection!r}: 0}}{split}.')
+_SPLIT_HINT = ("; a variable initialised from a split rng stream differs per item too: "
+               "split_rngs={{{stream!r}: False}} shares it")
+_KEYWORDS_UNMAPPED = (
+    'vmap: no positional argument is mapped, and keyword arguments are never mapped: they '
+    'reach every item whole ({keywords}). The size of the mapped axis would come from the '
+    'variables alone (at init there are none yet), and every item would compute on the '
+    'whole {first!r}, not on its slice. Fix: pass {first!r} positionally to map it along '
+    'in_axes, e.g. model.init(key, x) and model.apply(variables, x) for a vmapped module; '
+    'if every item should get it whole, say so with axis_size=N.')
+# JAX's messages for an output batched where its out axis is None, without and with an axis_name.
+_JAX_MISMATCH = ('at vmap out_axes', 'vmap has mapped output')
 
 # -- vmap --------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class _VmapConfig(MappedAxes):
+  rng_filters: tuple[Filter, ...] = ()
   axis_name: Any = None
   spmd_axis_name: Any = None
 
@@ -37,10 +52,42 @@ def _is_none(x: Any) -> bool:
   return x is None
 
 
-def _mapped_body(fn, scope_fn, repack_fn, kwargs, variable_groups, rng_groups, args):
+def _mapped_body(fn, scope_fn, repack_fn, kwargs, root_paths, variable_groups, rng_groups,
+                 args):
   scope = scope_fn(variable_groups, rng_groups)
+  root_paths[:] = _root_paths(scope)
   y = fn(scope, *args, **kwargs)
   return y, repack_fn(scope)
+
+
+def _root_paths(scope_tree: Any) -> list[tuple[str, ...]]:
+  """The paths of the lifted root scopes, in the order of the groups' roots (for messages)."""
+  roots: dict[int, tuple[str, ...]] = {}
+  for scope in jax.tree.leaves(scope_tree, is_leaf=lambda x: isinstance(x, Scope)):
+    roots.setdefault(id(scope.root), scope.root.path)
+  return list(roots.values())
+
+
+def _batched(body, config: _VmapConfig, size: int, out_variable_axes: Any) -> Callable[..., Any]:
+  """``jax.vmap`` of ``body(variable_groups, rng_groups, args)``."""
+  rng_axes = tuple(0 if split else None for split in config.rng_splits)
+  return jax.vmap(
+      body, in_axes=(config.variable_axes.in_axes, rng_axes, config.in_axes),
+      out_axes=(config.out_axes, out_variable_axes), axis_size=size,
+      axis_name=config.axis_name, spmd_axis_name=config.spmd_axis_name)
+
+
+def _check_keywords(kwargs: dict, arguments: list[MappedLeaf], size: int | None):
+  """Keyword arrays with no positional argument mapped and no axis_size: a mapping meant."""
+  if arguments or size is not None:
+    return
+  flat = jax.tree_util.tree_flatten_with_path(kwargs)[0]
+  arrays = [(path, leaf) for path, leaf in flat if np.ndim(leaf) >= 1]
+  if arrays:
+    keywords = ', '.join(f'keyword argument {path[0].key}{jax.tree_util.keystr(path[1:])} '
+                         f'of shape {np.shape(leaf)}' for path, leaf in arrays)
+    raise errors.AxisSizeError(_KEYWORDS_UNMAPPED.format(
+        keywords=keywords, first=arrays[0][0][0].key))
 
 
 def _vmap_groups(fn, config: _VmapConfig, scope_fn, repack_fn, variable_groups,
@@ -48,23 +95,93 @@ def _vmap_groups(fn, config: _VmapConfig, scope_fn, repack_fn, variable_groups,
   in_axes, out_axes = config.variable_axes.in_axes, config.variable_axes.out_axes
   groups = remove_group_axes(variable_groups, in_axes, config.metadata_params)
   axes = leaf_axes('vmap', 'in_axes', config.in_axes, args, _is_none, 'positional arguments')
-  mapped = mapped_arguments(fn, args, axes) + mapped_variables(groups, in_axes)
-  size = infer_axis_size('vmap', 'axis_size', mapped, config.size)
-  rng_groups = split_rng_groups(rng_groups, config.rng_splits, size)
-  rng_axes = tuple(0 if split else None for split in config.rng_splits)
-  body = functools.partial(_mapped_body, fn, scope_fn, repack_fn, kwargs)
-  mapped_body = jax.vmap(
-      body, in_axes=(in_axes, rng_axes, config.in_axes),
-      out_axes=(config.out_axes, out_axes), axis_size=size,
-      axis_name=config.axis_name, spmd_axis_name=config.spmd_axis_name)
+  arguments = mapped_arguments(fn, args, axes)
+  _check_keywords(kwargs, arguments, config.size)
+  size = infer_axis_size('vmap', 'axis_size', arguments + mapped_variables(groups, in_axes),
+                         config.size)
+  operands = (groups, split_rng_groups(rng_groups, config.rng_splits, size), args)
+  root_paths: list[tuple[str, ...]] = []
+  mapped = functools.partial(_batched, functools.partial(
+      _mapped_body, fn, scope_fn, repack_fn, kwargs, root_paths), config, size)
   try:
-    y, out_groups = mapped_body(groups, rng_groups, args)
+    y, out_groups = mapped(out_axes)(*operands)
   except ValueError as error:
-    # JAX's message for a batched value under out_axes None; [1] is our variables slot.
-    if str(error).startswith('at vmap out_axes[1]'):
-      raise errors.InvalidAxisError(_SHARED_WRITE.format(detail=error)) from None
+    if not str(error).startswith(_JAX_MISMATCH):
+      raise
+    _raise_shared_write(mapped, config, operands, root_paths)
     raise
   return y, add_group_axes(out_groups, out_axes, config.metadata_params)
+
+
+# -- which shared variable was written per item ----------------------------------------------
+
+def _refused(mapped: Callable[..., Any], operands: tuple) -> bool:
+  """Whether JAX refuses the out axes of ``mapped`` (traced for shapes only)."""
+  try:
+    jax.eval_shape(mapped, *operands)
+  except ValueError as error:
+    if str(error).startswith(_JAX_MISMATCH):
+      return True
+    raise
+  return False
+
+
+def _first_unmapped(shapes: tuple, out_axes: tuple, count: int) -> tuple:
+  """Out axes of the variable groups: the shared groups' first ``count`` leaves None, the
+  rest 0; the other groups their axis."""
+  result, seen = [], 0
+  for group, axis in zip(shapes, out_axes):
+    if axis is None:
+      leaves, treedef = jax.tree.flatten(group)
+      marks = [None if seen + i < count else 0 for i in range(len(leaves))]
+      group, seen = jax.tree.unflatten(treedef, marks), seen + len(leaves)
+    result.append(axis if axis is not None else group)
+  return tuple(result)
+
+
+def _first_shared_written(mapped: Callable[[Any], Callable[..., Any]], out_axes: tuple,
+                          operands: tuple) -> Any:
+  """The path (root, collection, names) of the first variable of a shared collection that
+  the body writes per item, or None.
+
+  JAX names the leaf only without an ``axis_name``, so the body is traced again (shapes
+  only) with the out axes of a growing prefix of the shared variables None, to find the
+  first that JAX refuses (a bisection: a few traces, on the error path only). None when
+  the mismatch is in the result's ``out_axes`` or the search itself fails.
+  """
+  try:
+    shapes = jax.eval_shape(mapped(tuple(0 if a is None else a for a in out_axes)),
+                            *operands)[1]
+    shared = [path for group, axis in zip(shapes, out_axes) if axis is None
+              for path, _ in jax.tree_util.tree_flatten_with_path(group)[0]]
+    fails = lambda n: _refused(mapped(_first_unmapped(shapes, out_axes, n)), operands)
+    if not shared or not fails(len(shared)):
+      return None
+    low, high = 1, len(shared)  # the least n with fails(n)
+    while low < high:
+      middle = (low + high) // 2
+      low, high = (low, middle) if fails(middle) else (middle + 1, high)
+  except Exception:  # noqa: BLE001 (the search must not replace the error it explains)
+    return None
+  return shared[low - 1]
+
+
+def _raise_shared_write(mapped: Callable[[Any], Callable[..., Any]], config: _VmapConfig,
+                        operands: tuple, root_paths: list[tuple[str, ...]]):
+  """Raises `InvalidAxisError` naming the shared variable written per item, if there is one."""
+  path = _first_shared_written(mapped, config.variable_axes.out_axes, operands)
+  if path is None:
+    return
+  root, collection, names = path[0].idx, path[1].key, path[2:]
+  at_root = ''.join(f'[{name!r}]' for name in root_paths[root]) if root_paths else ''
+  split = next((f for f, s in zip(config.rng_filters, config.rng_splits) if s), None)
+  raise errors.InvalidAxisError(_SHARED_WRITE.format(
+      collection=collection,
+      path=f'variables[{collection!r}]{at_root}{jax.tree_util.keystr(tuple(names))}',
+      named='' if config.axis_name is None else f' (axis_name={config.axis_name!r})',
+      axis_name=config.axis_name or 'batch',
+      given='' if config.axis_name else " with axis_name='batch' given to vmap",
+      split='' if split is None else _SPLIT_HINT.format(stream=split))) from None
 
 
 # Private parameter: _name, what the map is in messages and scope paths (nn.Stacked(Block)).
@@ -88,7 +205,8 @@ def vmap(fn: Callable[..., Any], variable_axes: Mapping[Filter, int | None],
       from ``split(key, n)[i]``, an unsplit stream is the same for every item.
       Streams matched by no filter are not available inside.
     in_axes: as ``jax.vmap``, for the positional arguments after the scope.
-      Keyword arguments reach every item unmapped.
+      Keyword arguments reach every item unmapped; a call whose arrays all
+      come by keyword needs ``axis_size`` to say so (else `AxisSizeError`).
     out_axes: as ``jax.vmap``, for the result.
     axis_size: the mapped size; inferred from the mapped arguments and
       variables when None.
@@ -112,7 +230,7 @@ def vmap(fn: Callable[..., Any], variable_axes: Mapping[Filter, int | None],
   axes = check_variable_axes('vmap', variable_axes, allow_none=True)
   rng_filters, splits = check_split_rngs('vmap', split_rngs)
   config = _VmapConfig(
-      variable_axes=axes, rng_splits=splits,
+      variable_axes=axes, rng_splits=splits, rng_filters=rng_filters,
       in_axes=check_axis_leaves('vmap', 'in_axes', in_axes, _is_none, 'None'),
       out_axes=check_axis_leaves('vmap', 'out_axes', out_axes, _is_none, 'None'),
       size=check_size('vmap', 'axis_size', axis_size), metadata_params=dict(metadata_params),

@@ -281,7 +281,8 @@ def vmap(target: Target, variable_axes: Mapping[Filter, int | None] = {},  # noq
          methods: Any = None) -> Target:
   """Vectorises a Module class or method (``lift.vmap`` on its scopes).
 
-  Keyword arguments of the call reach every item unmapped. Not for a batch
+  Keyword arguments of the call reach every item unmapped (with no positional
+  argument mapped, ``axis_size`` must say so). Not for a batch
   axis over shared weights: layers broadcast over leading axes already.
 
   Examples:

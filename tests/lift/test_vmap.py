@@ -59,6 +59,19 @@ def test_keyword_arguments_reach_every_item_unmapped():
   assert_trees_close(y, 2.0 * lift.apply(lift.vmap(dense, **ENSEMBLE))(variables, XS, features=2), depth=1)
 
 
+def test_keyword_arguments_alone_reach_every_item_whole_given_axis_size():
+  def keyword_only(scope, *, x):
+    return dense(scope, x, 2)
+
+  mapped = lift.vmap(keyword_only, axis_size=3, **ENSEMBLE)
+  y, variables = lift.init(mapped)(KEY, x=XS)
+  kernel, bias = variables['params']['kernel'], variables['params']['bias']
+  expected = jnp.einsum('bf,ifo->ibo', XS, kernel) + bias[:, None, :]
+  assert kernel.shape == (3, 5, 2)
+  assert_trees_close(y, expected, depth=1)
+  assert_trees_close(lift.apply(mapped)(variables, x=XS), expected, depth=1)
+
+
 # -- metadata ------------------------------------------------------------------------
 
 def _boxed_dense(scope, x):

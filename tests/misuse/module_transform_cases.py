@@ -116,6 +116,41 @@ def _vmap_sizes(nn):
   model.apply(model.init(KEY, XS), jnp.ones((4, 2, 3)))
 
 
+SHARED_STATS = dict(variable_axes={'params': None, 'batch_stats': None},
+                    split_rngs={'params': False})
+
+
+def _nested_batch_norm(nn):
+  """google/flax#3319: the inner BatchNorm reduces over the inner vmap's axis only."""
+  class Inner(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.BatchNorm(use_running_average=False, axis_name='inner')(x)
+
+  inner = nn.vmap(Inner, axis_name='inner', **SHARED_STATS)
+  outer = nn.vmap(lambda m, x: m(x), axis_name='outer', **SHARED_STATS)
+  model = compact(nn, lambda m, nn, xs: outer(inner(), xs))
+  model.apply(model.init(KEY, XS), XS, mutable=['batch_stats'])  # init leaves the stats as they are
+
+
+def _by_keyword(apply):
+  """google/flax#2772: the ensemble's input passed as ``inputs=``, at init or at apply."""
+  ensemble = nn.vmap(nn.Dense, **ENSEMBLE)(2)
+  if apply:
+    ensemble.apply(ensemble.init(KEY, XS), inputs=XS)
+  else:
+    ensemble.init(KEY, inputs=XS)
+
+
+def _scale_without_split_rngs(nn):
+  class Scale(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return x * self.param('w', nn.initializers.normal(), x.shape[-1:])
+
+  nn.vmap(Scale, variable_axes={'params': 0})().init(KEY, XS)
+
+
 class VmappedBatchNorm(nn.Module):
   @nn.compact
   def __call__(self, x):
@@ -216,6 +251,24 @@ BODIES = [
          lift_errors.UnliftedCollectionError, '"mean"',
          '"batch_stats" is immutable inside the lifted `vmap`', 'variable_axes',
          flax_error=flax_errors.ModifyScopeVariableError),
+    both('nested nn.vmap of BatchNorm reducing over the inner axis only', _nested_batch_norm,
+         lift_errors.InvalidAxisError, ValueError, "collection 'batch_stats'",
+         "variables['batch_stats']['VmapInner_0']['BatchNorm_0']['mean']", "axis_name='outer'",
+         "BatchNorm(axis_name=(..., 'outer'))"),
+    case('nn.vmap given its input by keyword at init', lambda: _by_keyword(apply=False),
+         lift_errors.AxisSizeError, "keyword argument inputs of shape (3, 2, 3)",
+         "pass 'inputs' positionally", flax_error=ValueError),
+    case('nn.vmap given its input by keyword at apply', lambda: _by_keyword(apply=True),
+         lift_errors.AxisSizeError, "keyword argument inputs of shape (3, 2, 3)",
+         'every item would compute on the whole', 'axis_size=N'),
+    both('nn.vmap without split_rngs, the params key given', _scale_without_split_rngs,
+         lift_errors.UnknownRngError, flax_errors.InvalidRngError,
+         'the stream is given outside the lifted `vmap`', 'Fix: pass it in',
+         'split_rngs={"params": True}'),
+    case('nn.scan variable_broadcast naming a misspelled collection', lambda: _scanned(
+        nn, lambda m, nn, c, x: c + nn.Dense(3)(x), XS, variable_broadcast='param',
+        split_rngs={'params': False}), lift_errors.UnliftedCollectionError,
+         'name "param", which matches no collection', 'did you mean "params"?'),
     both('nn.scan length disagreeing with the inputs', lambda nn: _scanned(
         nn, lambda m, nn, c, x: c + nn.Dense(3)(x), XS, length=4, **ENSEMBLE),
          lift_errors.AxisSizeError, ValueError, 'length=4', "size 3: axis 0 of argument 'x'"),
@@ -241,7 +294,7 @@ BODIES = [
         nn, lambda m, nn, xs: nn.vmap(nn.Dense, variable_axes={'params': None},
                                       split_rngs={'params': True})(3)(xs)).init(KEY, XS),
          lift_errors.InvalidAxisError, ValueError, 'variable_axes None',
-         "['params']['kernel']"),
+         "['params']['VmapDense_0']['kernel']", "split_rngs={'params': False}"),
 ]
 
 CASES = TARGETS + ARGUMENTS + BODIES

@@ -69,6 +69,24 @@ VMAP = [
     case('vmap writing per item to a shared collection', _init(lift.vmap(
         _record, variable_axes={'stats': None}, split_rngs={}), XS), errors.InvalidAxisError,
          'shared by every item', "['stats']['last']", 'pmean'),
+    case('vmap with an axis_name writing per item to a shared collection', _init(lift.vmap(
+        _record, variable_axes={'stats': None}, split_rngs={}, axis_name='b'), XS),
+         errors.InvalidAxisError, "collection 'stats' is shared by every item",
+         "variables['stats']['last']", "axis_name='b'", "jax.lax.pmean(value, 'b')"),
+    case('vmap given its mapped argument by keyword', lambda: lift.init(lift.vmap(
+        _dense2, **ENSEMBLE))(KEY, x=XS), errors.AxisSizeError,
+         "keyword argument x of shape (3, 5)", 'keyword arguments are never mapped',
+         "pass 'x' positionally"),
+    case('vmap variable_axes naming a misspelled collection', _init(lift.vmap(
+        _dense2, variable_axes={'param': 0}, split_rngs={'params': True}), XS),
+         errors.UnliftedCollectionError, 'name "param", which matches no collection',
+         'the collections here: "params"', 'did you mean "params"?',
+         'write "params" for "param"'),
+    case('vmap split_rngs naming a misspelled stream', _init(lift.vmap(
+        _dense2, variable_axes={'params': 0}, split_rngs={'param': True}), XS),
+         errors.UnknownRngError, 'the stream is given outside the lifted `vmap`',
+         'name "param", which matches no stream', 'did you mean "params"?',
+         'split_rngs={"params": True}'),
     case('vmap variable_axes given a string axis', _vmap_built(
         variable_axes={'params': '0'}, split_rngs={}), errors.InvalidAxisError,
          "variable_axes['params'] = '0'"),

@@ -55,6 +55,29 @@ def test_vmap_several_collections_split_or_not_axis_name_in_axes_and_out_axes_tu
   check_linen_parity(build)
 
 
+def test_nested_vmap_of_batch_norm_naming_both_axes_shares_its_statistics():
+  """google/flax#3319 done right: the statistics reduce over both vmaps' axes."""
+  def build(nn):
+    shared = dict(variable_axes={'params': None, 'batch_stats': None},
+                  split_rngs={'params': False})
+
+    class Inner(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        return nn.BatchNorm(use_running_average=False, axis_name=('inner', 'outer'))(x)
+
+    inner = nn.vmap(Inner, axis_name='inner', **shared)
+    outer = nn.vmap(lambda m, x: m(x), axis_name='outer', **shared)
+
+    class Model(nn.Module):
+      @nn.compact
+      def __call__(self, xs):
+        return outer(inner(), xs)
+
+    return init_apply(Model(), XS, mutable=['batch_stats'])
+  check_linen_parity(build)
+
+
 def test_vmap_pytree_in_out_axes_shared_params_and_negative_variable_axis():
   def build(nn):
     class Inner(nn.Module):
