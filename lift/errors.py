@@ -431,6 +431,16 @@ class PartitionNameError(LiftError, flax_errors.PartitioningUnspecifiedError):
     self.path = path
 
 
+class AxisMetadataError(LiftError, ValueError):
+  """A metadata box cannot follow an axis a transform adds or removes: its ``add_axis``
+  leaves the partition spec without a name for the new axis, or the name to remove is
+  not where the transform maps."""
+
+  def __init__(self, path: str, problem: str, fix: str):
+    super().__init__(f'variable {path}: {problem} Fix: {fix}')
+    self.path = path
+
+
 class InvalidAxisError(LiftError, ValueError):
   """An axis argument of a lifted transform (`variable_axes`, `in_axes`,
   `out_axes`, `split_rngs`, specs) is malformed or does not fit the values it

@@ -1,9 +1,13 @@
 """Mistakes with layer stacks: `Stacked`, `BlockSeq`, `scan_layers`, `per_layer` and the
 layout conversions `layers_to_stacked` / `stacked_to_layers`."""
+from typing import Any
+
 import flax.errors as flax_errors
 import flax.linen as flax_nn
 import jax
 import jax.numpy as jnp
+from flax import struct
+from flax.core import meta
 
 import linen_ext as nn
 from lift import errors as lift_errors
@@ -87,6 +91,35 @@ def _partitioned_stack(nn):
   return nn.Stacked(PBlock, 3).init(KEY, X)
 
 
+class StubBox(struct.PyTreeNode, meta.AxisMetadata):
+  """A box with sharding names whose ``add_axis`` is a stub (as Flax's `NNXMeta` has)."""
+  value: Any
+  names: tuple = struct.field(pytree_node=False)
+
+  def unbox(self):
+    return self.value
+
+  def replace_boxed(self, val):
+    return self.replace(value=val)
+
+  def add_axis(self, index, params):
+    return self
+
+  def remove_axis(self, index, params):
+    return self
+
+  def get_partition_spec(self):
+    return jax.sharding.PartitionSpec(*self.names)
+
+
+class StubBoxBlock(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    w = self.param('w', lambda key, shape: StubBox(nn.initializers.lecun_normal()(key, shape),
+                                                   ('embed', 'mlp')), (4, 4))
+    return jnp.tanh(x @ w)
+
+
 STACKED = [
     case('a block under Stacked changing the shape of its carry', lambda: Model(
         Narrowing).init(KEY, X), errors.LayerStackError, 'nn.Stacked(Narrowing) at "/layers"',
@@ -137,6 +170,10 @@ STACKED = [
          lift_errors.PartitionNameError, flax_errors.PartitioningUnspecifiedError,
          '"partition_name" is not specified in metadata_params', 'variable params/w',
          'nn.PARTITION_NAME'),
+    case('a metadata box whose add_axis is a stub, in a stack', lambda: nn.Stacked(
+        StubBoxBlock, 3, metadata_params={nn.PARTITION_NAME: 'layers'}).init(KEY, X),
+         lift_errors.AxisMetadataError, 'variable params/w', 'StubBox box names 2 axes',
+         'array with 3', 'StubBox.add_axis'),
 ]
 
 LAYOUTS = [

@@ -186,3 +186,56 @@ def test_a_module_of_ours_as_nnx_trains_with_nnx_as_flaxs():
     grads = nnx.grad(lambda m: m(X).sum())(model)
     return model.w[...], y, model.dot_sum.get_value(), nnx.state(grads, nnx.Param)['w'][...]
   check_linen_parity(build)
+
+
+class NNXSharded(nnx.Module):
+  def __init__(self, d: int, rngs: nnx.Rngs):
+    init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ('in', 'out'))
+    self.w = nnx.Param(init(rngs.params(), (d, d)))
+
+  def __call__(self, x):
+    return jnp.tanh(x @ self.w[...])
+
+
+def nnx_layers(lib, how: str):
+  """Three `NNXSharded` layers under ``lib``'s vmap, scan (layers axis 0 or 1) or Stacked."""
+  class Layer(lib.Module):
+    @lib.compact
+    def __call__(self, x, *_):
+      y = bridge.to_linen(NNXSharded, x.shape[-1])(x)
+      return (y, None) if how.startswith('scan') else y
+  named = {lib.PARTITION_NAME: 'layers'}
+  if how == 'Stacked':
+    return lib.Stacked(Layer, 3, metadata_params=named)
+  if how == 'vmap':
+    return lib.vmap(Layer, variable_axes={'params': 0}, split_rngs={'params': True},
+                    in_axes=None, axis_size=3, metadata_params=named)()
+  return lib.scan(Layer, variable_axes={'params': int(how[-1])}, split_rngs={'params': True},
+                  length=3, metadata_params=named)()
+
+
+@pytest.mark.parametrize('how', ['vmap', 'scan0', 'scan1', 'Stacked'])
+def test_nnx_sharding_names_gain_the_transforms_axis(how):
+  """Flax's `NNXMeta` leaves ``add_axis`` a stub (google/flax#5589); here the variable's
+  sharding gains the axis name where the transform put the axis, and loses it inside."""
+  args = (X,) if how in ('vmap', 'Stacked') else (X, None)
+  theirs = nnx_layers(flax_nn, 'vmap' if how == 'Stacked' else how)
+  with jax.set_mesh(jax.make_mesh((1, 1, 1), ('layers', 'in', 'out'))):  # NNX shards eagerly
+    model = nnx_layers(nn, how)
+    variables = model.init(RNGS, *args)
+    y = model.apply(variables, *args)
+    spec = nn.get_partition_spec(variables)['params']
+    their_variables = theirs.init(RNGS, *args)
+    if how == 'Stacked':  # Flax has no Stacked: its vmap inits, its scan runs
+      theirs = nnx_layers(flax_nn, 'scan0')
+      their_y = theirs.apply(their_variables, X, None)[0]
+    else:
+      their_y = theirs.apply(their_variables, *args)
+    flax_made = model.apply(their_variables, *args)
+  spec = jax.tree.leaves(spec, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))
+  names = ['in', 'out']
+  names.insert(1 if how == 'scan1' else 0, 'layers')
+  assert spec == [jax.sharding.PartitionSpec(*names)]
+  assert_trees_equal(nn.unbox(variables), flax_nn.unbox(their_variables))
+  assert_trees_close(y, their_y, depth=3)
+  assert_trees_close(flax_made, their_y, depth=3)  # Flax's variables (no layers name) run here
