@@ -27,7 +27,8 @@ def current(nn):
 def stack_reads(nn):
   """A layer under nn.scan and nn.remat reads the running module off the stack, creates a
   parameter on it (``param_with_axes`` style), renames its path for a while (a quantization
-  bridge's path fix-up) and reads the stack's resting value outside any module."""
+  bridge's path fix-up), lists its rng streams, and reads the stack's resting value
+  outside any module."""
   seen = set()
 
   class Layer(nn.Module):
@@ -38,7 +39,8 @@ def stack_reads(nn):
       old = module.path
       module.scope.path += ('renamed',)
       seen.add(('/'.join(module.path), module is self, module.is_initializing(),
-                module.is_mutable_collection('params'), len(nn.module._context.module_stack)))
+                module.is_mutable_collection('params'), len(nn.module._context.module_stack),
+                tuple(sorted(module.scope.rngs))))
       module.scope.path = old
       return jnp.tanh(x @ w), None
 
@@ -52,8 +54,9 @@ def stack_reads(nn):
 
   outside = list(nn.module._context.module_stack)
   variables = Stack().init(KEY, X)
+  y = Stack().apply(variables, X, rngs={'dropout': KEY})
   return {'outside': outside, 'after': list(nn.module._context.module_stack),
-          'variables': variables, 'y': Stack().apply(variables, X), 'seen': sorted(seen)}
+          'variables': variables, 'y': y, 'seen': sorted(seen)}
 
 
 def detached_factory(nn):
@@ -78,7 +81,7 @@ def detached_factory(nn):
 def test_context_module_stack_reads_and_pushes_as_flax():
   ours, _ = check_linen_parity(stack_reads)
   assert ours['outside'] == ours['after'] == [None]
-  assert ('layers/renamed', True, True, True, 3) in ours['seen']  # Stack, then Layer on top
+  assert ('layers/renamed', True, True, True, 3, ('params',)) in ours['seen']  # Stack, Layer
   _, (_, detached_parent, detached_scope) = check_linen_parity(detached_factory)[0]
   assert detached_parent and detached_scope
 
