@@ -9,7 +9,8 @@ Files: `core` (the `Module` class: dataclass fields, parents, names, setup, bind
 Flax's private names that real clients reach through ``nn.module`` are kept with the same
 meaning (docs/porting.md, "Private Flax names we keep"): ``_context`` (its
 ``module_stack[-1]`` is the module whose method runs), ``_get_unbound_fn``, ``_Sentinel``
-(the type of an unspecified ``parent``) and ``wrap_method_once``.
+(the type of an unspecified ``parent``), ``_ModuleInternalState`` (the type of a module's
+``_state``), ``SetupState`` and ``wrap_method_once``.
 """
 from flax.linen.module import merge_param
 
@@ -23,8 +24,11 @@ from linen_ext.module.method_wrapping import wrap_method as wrap_method_once
 from linen_ext.module.named_call import (disable_named_call, enable_named_call,
                                         override_named_call)
 from linen_ext.module.share_scope import share_scope
+from linen_ext.module.state import ModuleState as _ModuleInternalState
+from linen_ext.module.state import SetupState
 from linen_ext.module.state import context as _context
 
 __all__ = ['Module', 'compact', 'compact_name_scope', 'nowrap', 'share_scope', 'apply', 'init',
            'init_with_output', 'intercept_methods', 'InterceptorContext', 'merge_param',
-           'enable_named_call', 'disable_named_call', 'override_named_call', 'wrap_method_once']
+           'enable_named_call', 'disable_named_call', 'override_named_call', 'wrap_method_once',
+           'SetupState']

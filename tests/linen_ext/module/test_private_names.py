@@ -121,7 +121,8 @@ def test_sentinel_as_flax():
 
 def wrapped_helper(nn):
   """A ``nowrap`` helper still wrapped by ``wrap_method_once`` runs as a module method (on
-  the module stack, after ``setup``), and ``_state.in_setup`` tells setup from the rest."""
+  the module stack, after ``setup``); ``_state`` (a ``_ModuleInternalState``) tells setup
+  from the rest."""
   in_setup = []
 
   class Net(nn.Module):
@@ -131,6 +132,8 @@ def wrapped_helper(nn):
 
     def __call__(self, x):
       in_setup.append(self._state.in_setup)
+      assert isinstance(self._state, nn.module._ModuleInternalState)
+      assert self._state.setup_called == nn.module.SetupState.DONE
       return self.dense(x)
 
     @nn.nowrap
