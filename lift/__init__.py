@@ -9,8 +9,8 @@
 from lift import _compat, errors, loops
 from lift.causal import (Generated, Sampling, as_scan, as_scan_with_prefill,
                          causal_self_attention, custom_causal, generate, register_scan_rule)
-from lift.errors import (CacheLengthError, DecodeArgumentError, InvalidScopeError, LiftError, ScanRewriteError,
-                         ScanConversionError)
+from lift.errors import (CacheLengthError, DecodeArgumentError, InvalidScopeError, LiftError,
+                         ModelLengthError, ScanRewriteError, ScanConversionError)
 from lift.filters import (CollectionFilter, DenyList, Filter, PRNGSequenceFilter,
                           group_collections, in_filter, intersect_filters,
                           is_filter_empty, subtract_filters, union_filters)

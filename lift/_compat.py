@@ -37,6 +37,9 @@ from jax._src.interpreters import mlir as _mlir_internal
 from jax._src.lib.mlir.dialects import hlo as _hlo
 from jax._src import source_info_util as _source_info_util
 from jax._src.interpreters import partial_eval as _pe
+from jax._src import core as _core_internal
+from jax._src.lax.control_flow import loops as _loops
+from jax._src.lax import lax as _lax_internal
 
 Primitive = _jex_core.Primitive
 ClosedJaxpr = _jex_core.ClosedJaxpr
@@ -56,7 +59,52 @@ def prune_jaxpr(jaxpr: ClosedJaxpr, used_outputs: list[bool]) -> tuple[ClosedJax
   pruned, used_consts, used_inputs = _pe.dce_jaxpr_consts(jaxpr.jaxpr, used_outputs)
   consts = [c for c, used in zip(jaxpr.consts, used_consts) if used]
   return ClosedJaxpr(pruned, consts), used_inputs
+
+
+def without_dead_code(jaxpr: Jaxpr) -> Jaxpr:
+  """`jaxpr` without the equations its outputs do not need (through nested jaxprs);
+  its constvars, invars and outvars are kept, effects too."""
+  return _pe.dce_jaxpr_consts(jaxpr, [True] * len(jaxpr.outvars), instantiate=True)[0]
+
+
 split_p = _lax.split_p
+stack_p = _lax_internal.stack_p  # jnp.stack, jnp.unstack: not in jax.extend
+unstack_p = _lax_internal.unstack_p
+new_equation = _core_internal.new_jaxpr_eqn
+
+
+def new_jaxpr(invars: list, outvars: list, eqns: list, name: str) -> Jaxpr:
+  """A jaxpr without constvars made of existing equations; `name` is what it computes."""
+  effects = frozenset().union(*(eqn.effects for eqn in eqns))
+  return Jaxpr([], invars, outvars, eqns, effects,
+               _core_internal.DebugInfo("as_scan", name, None, None))
+
+
+def _nested_codes(code) -> set:
+  codes = {code}
+  for const in code.co_consts:
+    if hasattr(const, 'co_code'):
+      codes |= _nested_codes(const)
+  return codes
+
+
+# The code of `lax.associative_scan` and of the functions defined in it: an equation
+# traced while one of them ran is part of an associative scan.
+_ASSOCIATIVE_SCAN_CODES = _nested_codes(
+    getattr(_loops.associative_scan, '__wrapped__', _loops.associative_scan).__code__)
+
+
+def associative_scan_site(eqn: JaxprEqn) -> tuple | None:
+  """Where the user called `lax.associative_scan`, if `eqn` was traced inside such a
+  call: the frames outside it, as a key equal for the equations of one call site."""
+  traceback = eqn.source_info.traceback
+  if traceback is None:
+    return None
+  codes, lasti = traceback.raw_frames()  # innermost frame first
+  inside = [i for i, code in enumerate(codes) if code in _ASSOCIATIVE_SCAN_CODES]
+  if not inside:
+    return None
+  return tuple(zip(codes[inside[-1] + 1:], lasti[inside[-1] + 1:]))
 
 
 def evaluate_known(flat_fn, inputs: list, debug_info) -> list | None:
@@ -82,6 +130,20 @@ def source_summary(eqn: JaxprEqn) -> str:
       column = f":{frame.start_column}" if frame.start_column else ""
       return f"{frame.file_name}:{frame.start_line}{column} ({frame.function_name})"
   return _source_info_util.summarize(eqn.source_info)
+
+
+def user_location(traceback) -> str:
+  """`file.py:line (function)` of the innermost frame of an exception's traceback outside
+  JAX, the standard library and the packages that hide their frames."""
+  folders = tuple(_LIBRARY_FOLDERS)
+  found = "an unknown location"
+  while traceback is not None:
+    code = traceback.tb_frame.f_code
+    if (_source_info_util.is_user_filename(code.co_filename)
+        and not code.co_filename.startswith(folders)):
+      found = f"{code.co_filename}:{traceback.tb_lineno} ({code.co_name})"
+    traceback = traceback.tb_next
+  return found
 
 
 def bind_equation(eqn: JaxprEqn, args: list) -> list:

@@ -83,6 +83,25 @@ class DecodeArgumentError(LiftError, ValueError):
   """
 
 
+class ModelLengthError(LiftError, ValueError):
+  """The function fails at the length a derived step must hold, and runs at a shorter one.
+
+  `as_scan` traces the function at the length of `example_xs` (or `max_length`);
+  `lift.generate` at the prompt's length plus `max_new_tokens - 1`. A value in the
+  function built for a fixed length (a table of positions sliced to the input's
+  length, a fixed-size mask) is shorter there. The message names the failure and the
+  source line.
+
+  Examples:
+    >>> table = jnp.zeros((4, 2))  # positions for 4 elements
+    >>> try:
+    ...   lift.as_scan(lambda xs: xs + table[:len(xs)], jnp.zeros((3, 2)), max_length=6)
+    ... except ModelLengthError as e:
+    ...   print(str(e).splitlines()[0])
+    as_scan runs the function at length 6 (max_length), but it fails there: ...
+  """
+
+
 
 
 def _path_text(path) -> str:

@@ -4,6 +4,7 @@
 (see `notes/0005-as-scan.md`); `custom_causal` marks a composite as causal
 and lets its author give the step form.
 """
+from lift.causal import rules_associative as _rules_associative
 from lift.causal import rules_control as _rules_control
 from lift.causal import rules_elementwise as _rules_elementwise
 from lift.causal import rules_linear as _rules_linear
@@ -19,5 +20,5 @@ from lift.causal.forms import stateful, stateless
 from lift.causal.interpreter import (
     Eqn, NotCausal, Operand, ScanRule, StepForm, Stream, register_scan_rule)
 
-del _rules_control, _rules_elementwise, _rules_linear, _rules_pair_shapes, _rules_shape
+del _rules_associative, _rules_control, _rules_elementwise, _rules_linear, _rules_pair_shapes, _rules_shape
 del _rules_time, _rules_update

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any, NamedTuple
 from collections.abc import Callable
 
@@ -10,10 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from lift import _compat
+from lift.causal import associative
 from lift.causal import frames
 from lift.causal import interpreter
 from lift.causal.interpreter import NotCausal, Program, Stream
-from lift.errors import CacheLengthError, ScanConversionError
+from lift.errors import CacheLengthError, ModelLengthError, ScanConversionError
 
 INPUT_SHAPES = (
     "as_scan scans every leaf of example_xs along axis 0, so every leaf needs "
@@ -47,11 +49,25 @@ PAST_CACHE = (
     "would give wrong values. Fix: derive the step with max_length= at least the number "
     "of elements you decode, prefill included."
 )
+MODEL_LENGTH = (
+    "{runs}, but it fails there: {error}\n  at {where}\n  It runs at length {short}, so a "
+    "value in it is shorter than {length} along time{shapes}: a table read by position (a "
+    "position embedding sliced to the input's length), a mask or a cache of fixed size. Fix: "
+    "make that value at least {length} long (a larger maximum length in the model's "
+    "configuration), or {fewer}."
+)
 OUTPUT_AXIS = (
     "output {index} of the function varies along axis {axis}, not axis 0; "
     "lax.scan stacks step outputs along axis 0. Fix: move the time axis to the "
     "front (jnp.moveaxis(y, {axis}, 0)) before returning."
 )
+
+
+class Length(NamedTuple):
+  """The length a derived step holds, and how to say why in an error."""
+  length: int
+  runs: str  # "as_scan runs the function at length 12 (max_length)"
+  fewer: str  # how to ask for a shorter one
 
 
 class ScanCarry(NamedTuple):
@@ -99,7 +115,7 @@ def as_scan(g: Callable, example_xs: Any, *, max_length: int | None = None
     >>> jax.lax.scan(f, carry, xs)[1]
     Array([0., 1., 3., 6.], dtype=float32)
   """
-  converted = _convert(g, example_xs, prefill=None, max_length=max_length)
+  converted = derive(g, example_xs, prefill=None, max_length=max_length)
   return converted.f, converted.carry
 
 
@@ -128,26 +144,28 @@ def as_scan_with_prefill(g: Callable, example_xs: Any, prefill: Any, *,
     >>> out, f(carry, jnp.float32(3.0))[1]
     (Array([1., 3.], dtype=float32), Array(6., dtype=float32))
   """
-  return _convert(g, example_xs, prefill=prefill, max_length=max_length)
+  return derive(g, example_xs, prefill=prefill, max_length=max_length)
 
 
-def _convert(g, example_xs, prefill, max_length) -> Prefilled:
+def derive(g, example_xs, prefill, max_length, wording: Length | None = None) -> Prefilled:
+  """`as_scan_with_prefill` (`as_scan` without `prefill`); `wording` says why the step
+  holds its length when the function fails there."""
   leaves, in_tree = jax.tree.flatten(example_xs)
   length = _input_length(leaves)
   prefix_leaves = _prefill_leaves(leaves, in_tree, length, prefill)
   offset = 0 if prefill is None else prefix_leaves[0].shape[0]
+  shorter = offset or length
   if max_length is not None:
     if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < max(
         offset, 1):
       raise ScanConversionError(MAX_LENGTH.format(prefill=offset, got=max_length))
     length = max_length
-  shapes = jax.tree.unflatten(in_tree, [
-      jax.ShapeDtypeStruct((length, *np.shape(x)[1:]), x.dtype) for x in leaves])
-  closed, out_shapes = jax.make_jaxpr(g, return_shape=True)(shapes)
+  wording = wording or _wording(length, max_length is not None)
+  closed, out_shapes = _trace(g, leaves, in_tree, wording, shorter)
   out_shapes, out_tree = jax.tree.flatten(out_shapes)
   _check_output_shapes(out_shapes, length)
   program = interpreter.convert(
-      closed.jaxpr, closed.consts, [Stream(0, offset)] * len(leaves),
+      associative.fold(closed).jaxpr, closed.consts, [Stream(0, offset)] * len(leaves),
       [None] * len(leaves), out_offsets=[offset] * len(out_shapes))
   _check_output_infos(program)
   states, outs = interpreter.run_prefill(program, prefix_leaves)
@@ -156,6 +174,55 @@ def _convert(g, example_xs, prefill, max_length) -> Prefilled:
   carry = ScanCarry(jnp.zeros((), jnp.int32), states)
   f = functools.partial(_step, program, in_tree, out_tree, offset, length)
   return Prefilled(f, carry, jax.tree.unflatten(out_tree, outs))
+
+
+def _wording(length: int, from_max_length: bool) -> Length:
+  if from_max_length:
+    return Length(length, f"as_scan runs the function at length {length} (max_length)",
+                  "pass a smaller max_length")
+  return Length(length, f"as_scan runs the function at length {length} (example_xs's)",
+                "pass a shorter example_xs")
+
+
+def _shaped(leaves, in_tree, length: int):
+  return jax.tree.unflatten(in_tree, [
+      jax.ShapeDtypeStruct((length, *np.shape(x)[1:]), x.dtype) for x in leaves])
+
+
+def _trace(g, leaves, in_tree, wording: Length, shorter: int):
+  """`g`'s jaxpr and output shapes at `wording.length`; if it fails there but not at
+  the `shorter` length, a `ModelLengthError` naming the failure."""
+  try:
+    return jax.make_jaxpr(g, return_shape=True)(_shaped(leaves, in_tree, wording.length))
+  except Exception as error:  # noqa: BLE001 (retraced below; re-raised unless it is the length)
+    if not 0 < shorter < wording.length or not _traces(g, _shaped(leaves, in_tree, shorter)):
+      raise
+    raise ModelLengthError(MODEL_LENGTH.format(
+        runs=wording.runs, error=f"{type(error).__name__}: {error}",
+        where=_compat.user_location(error.__traceback__), short=shorter,
+        length=wording.length, shapes=_shapes_seen(str(error), wording.length),
+        fewer=wording.fewer)) from error
+
+
+def _traces(g, shapes) -> bool:
+  try:
+    jax.eval_shape(g, shapes)
+  except Exception:  # noqa: BLE001 (any failure: the length is not the only problem)
+    return False
+  return True
+
+
+def _shapes_seen(message: str, length: int) -> str:
+  """` (shapes (1, 12, 16) and (1, 8, 16))`: the shapes in the message, when one of them
+  has the length and another is shorter where it has it."""
+  shapes = [tuple(int(d) for d in found.split(",") if d.strip())
+            for found in re.findall(r"\((\d+(?:, *\d+)*),?\)", message)]
+  for long in shapes:
+    for short in shapes:
+      if len(long) == len(short) and any(
+          a == length and 1 < b < length for a, b in zip(long, short)):
+        return f" (shapes {long} and {short})"
+  return ""
 
 
 def _input_length(leaves) -> int:

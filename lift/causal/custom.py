@@ -45,9 +45,15 @@ def _batch(args, dims, *, jaxpr, spmd_axis_name, **params):
   return outs, [0] * len(outs)
 
 
-_compat.define_primitive_rules(
-    custom_causal_call_p, impl=_impl, abstract_eval=_abstract_eval, jvp=_jvp,
-    batch=_batch, batch_takes_spmd_axis=True)
+def define_jaxpr_primitive(primitive: _compat.Primitive) -> None:
+  """Makes `primitive` evaluate, lower, differentiate and batch as its `jaxpr`
+  parameter (a closed jaxpr of its operands) does."""
+  _compat.define_primitive_rules(
+      primitive, impl=_impl, abstract_eval=_abstract_eval, jvp=_jvp,
+      batch=_batch, batch_takes_spmd_axis=True)
+
+
+define_jaxpr_primitive(custom_causal_call_p)
 
 
 class CustomCausal:

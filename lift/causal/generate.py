@@ -15,7 +15,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from lift.causal.api import as_scan_with_prefill
+from lift.causal.api import Length, derive
 from lift.errors import DecodeArgumentError
 
 LogitsFn = Callable[..., jax.Array]
@@ -112,11 +112,20 @@ def generate(logits_fn: LogitsFn, prompts: Any, *, max_new_tokens: int,
   capacity = prompts.shape[1] + max_new_tokens - 1
   example = jax.tree.map(lambda x: jax.ShapeDtypeStruct((capacity, *x.shape[1:]), x.dtype),
                          prompt)
-  step, carry, prompt_logits = as_scan_with_prefill(g, example, prompt, max_length=capacity)
+  step, carry, prompt_logits = derive(g, example, prompt, capacity, _wording(
+      prompts.shape[1], max_new_tokens))
   pick = _picker(sampling, key)
   first = pick(prompt_logits[-1], 0)
   feed = (lambda token: (token, jnp.ones_like(token, bool))) if ragged else (lambda t: t)
   return _loop(step, carry, first, feed, pick, stops, max_new_tokens, pad_token)
+
+
+def _wording(prompt_length: int, max_new_tokens: int) -> Length:
+  length = prompt_length + max_new_tokens - 1
+  return Length(length, (
+      f"lift.generate runs the model at length P + max_new_tokens - 1 = {prompt_length} + "
+      f"{max_new_tokens} - 1 = {length} (the prompt, then each new token but the last)"),
+                "ask for fewer new tokens (max_new_tokens)")
 
 
 def _loop(step, carry, first, feed, pick, stops, count: int, pad_token: int) -> Generated:

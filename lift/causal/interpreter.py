@@ -239,6 +239,7 @@ def convert(jaxpr: _compat.Jaxpr, consts: Sequence[Any],
     where: the location to report for equations without a user location
       (those inside library functions): the enclosing call's.
   """
+  jaxpr = _compat.without_dead_code(jaxpr)  # values computed for their shape alone
   infos, known = _Env(), _Env(dict(zip(jaxpr.constvars, consts)))
   from_literals: set = set()
   infos.write(jaxpr.invars, in_infos)

@@ -142,6 +142,30 @@ def top_k_rule(eqn: Eqn, *, axis, **params) -> StepForm:
   return forms.stateless(eqn, [eqn.stream(time)] * 2, fn)
 
 
+def stack_rule(eqn: Eqn, *, axis, **params) -> StepForm:
+  """Stacks step values on a new axis; the scan axis moves past it if it comes before."""
+  time = forms.common_axis(eqn)
+  axes = [time] * len(eqn.operands)
+
+  def fn(index, args):
+    return forms.bind(eqn, forms.step_args(eqn, args, index, axes), params,
+                      axis=axis - (axis > time))
+
+  return forms.stateless(eqn, [eqn.stream(time + (axis <= time))], fn)
+
+
+def unstack_rule(eqn: Eqn, *, axis, **params) -> StepForm:
+  """Unstacks an axis other than the scan axis."""
+  time = forms.stream_axis(eqn.operands[0])
+  if axis == time:
+    raise eqn.error(SQUEEZES_TIME.format(axis=time))
+
+  def fn(index, args):
+    return forms.bind(eqn, args, params, axis=axis - (axis > time))
+
+  return forms.stateless(eqn, [eqn.stream(time - (axis < time))] * len(eqn.out_avals), fn)
+
+
 def _register_all() -> None:
   prims = _compat.scan_primitives
   register_scan_rule(prims.broadcast_in_dim_p, broadcast_in_dim_rule)
@@ -151,6 +175,8 @@ def _register_all() -> None:
   register_scan_rule(prims.rev_p, rev_rule)
   register_scan_rule(prims.sort_p, sort_rule)
   register_scan_rule(prims.top_k_p, top_k_rule)
+  register_scan_rule(_compat.stack_p, stack_rule)
+  register_scan_rule(_compat.unstack_p, unstack_rule)
 
 
 _register_all()

@@ -45,18 +45,23 @@ def concatenate_rule(eqn: Eqn, *, dimension, **params) -> StepForm:
 
 
 def _concatenate_time(eqn: Eqn, axis: int) -> StepForm:
-  lengths = [op.aval.shape[axis] for op in eqn.operands]
+  # Pieces of length 0 (a shift by 0 written as a pad of 0 zeros) add nothing.
+  kept = [i for i, op in enumerate(eqn.operands) if op.aval.shape[axis]]
+  ops = [eqn.operands[i] for i in kept]
+  lengths = [op.aval.shape[axis] for op in ops]
   starts = [int(s) for s in np.cumsum([0] + lengths[:-1])]
-  streams = [i for i, op in enumerate(eqn.operands) if op.stream is not None]
+  streams = [i for i, op in enumerate(ops) if op.stream is not None]
+  if not streams:
+    return _concatenate_unscanned(eqn, kept, axis)
   lead = starts[streams[0]]
   delays = {i: starts[i] - lead for i in streams if starts[i] > lead}
   slots = {i: b for b, i in enumerate(delays)}
-  ends_with_stream = streams[-1] == len(eqn.operands) - 1
+  ends_with_stream = streams[-1] == len(ops) - 1
 
   def step(buffers, index, args):
     element = index + lead
     buffers, values = list(buffers), []
-    for i, (op, arg) in enumerate(zip(eqn.operands, args)):
+    for i, (op, arg) in enumerate(zip(ops, (args[k] for k in kept))):
       if op.stream is None:
         values.append(frames.step_slice(arg, axis, element - starts[i],
                                         unused_past_end=ends_with_stream))
@@ -72,6 +77,7 @@ def _concatenate_time(eqn: Eqn, axis: int) -> StepForm:
     return tuple(buffers), [lax.select_n(piece, *values)]
 
   def prefill(args):
+    args = [args[k] for k in kept]
     out_length = eqn.offset + lead
     pieces = [lax.slice_in_dim(arg, 0, int(np.clip(out_length - s, 0, n)),
                                axis=axis)
@@ -82,6 +88,17 @@ def _concatenate_time(eqn: Eqn, axis: int) -> StepForm:
     return buffers, [jnp.concatenate(pieces, axis=axis)]
 
   return StepForm((eqn.stream(axis, lead),), step, prefill)
+
+
+def _concatenate_unscanned(eqn: Eqn, kept: list[int], axis: int) -> StepForm:
+  """Only pieces of length 0 vary along time: the result does not."""
+  def whole(args):
+    if not kept:
+      return [jnp.zeros(eqn.out_avals[0].shape, eqn.out_avals[0].dtype)]
+    return [jnp.concatenate([args[k] for k in kept], axis=axis)]
+
+  return StepForm((None,), lambda state, index, args: (state, whole(args)),
+                  lambda args: ((), whole(args)))
 
 
 def pad_rule(eqn: Eqn, *, padding_config, **params) -> StepForm:

@@ -159,9 +159,33 @@ def _batch_as_time():
   return nn.as_scan(Cumsum(), Cumsum().init(jax.random.key(0), x), x)  # time_axis=0
 
 
+class PositionTable(nn.Module):
+  @nn.compact
+  def __call__(self, tokens):  # [batch, length], at most 8 positions
+    positions = self.param('positions', nn.initializers.zeros, (8, 4))
+    return nn.Embed(5, 4)(tokens) + positions[None, :tokens.shape[1]]
+
+
+def _generate_past_the_position_table():
+  variables = PositionTable().init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+  return lift.generate(lambda tokens: PositionTable().apply(variables, tokens),
+                       jnp.ones((1, 4), jnp.int32), max_new_tokens=9)
+
+
 T = 6
 XS = jnp.ones((T, 3))
 AS_SCAN = [
+    case("lift.generate past the model's position table", _generate_past_the_position_table,
+         errors.ModelLengthError, 'P + max_new_tokens - 1 = 4 + 9 - 1 = 12',
+         'add got incompatible shapes', 'loop_cases.py', 'shapes (1, 12, 4) and (1, 8, 4)',
+         'It runs at length 4', 'max_new_tokens'),
+    case("as_scan given a max_length past the function's table", lambda: as_scan(
+        lambda x: x + XS[:x.shape[0]], XS[:4], max_length=8), errors.ModelLengthError,
+         'length 8 (max_length)', 'loop_cases.py', 'It runs at length 4', 'smaller max_length'),
+    case('as_scan of an associative scan whose fn accumulates along time', lambda: as_scan(
+        lambda x: jax.lax.associative_scan(lambda a, b: a + jnp.cumsum(b, 0), x), XS),
+         errors.ScanConversionError, '`associative_scan`', 'lax.associative_scan along the scan axis 0',
+         'not applied to each element alone', 'keeps state', 'elementwise over the axis'),
     case("nn.as_scan's default time_axis=0 on [batch, length] inputs", _batch_as_time,
          errors_nn.TimeAxisError, 'time_axis=0', '`Cumsum.__call__`', 'Fix: time_axis=1'),
     case('as_scan of a function whose output moves the time axis', lambda: as_scan(

@@ -70,6 +70,8 @@ SHAPES = {
     'rev_features': lambda x: x[:, ::-1],
     'sort_features': lambda x: jnp.sort(x, axis=1) + jnp.argsort(x, axis=1).astype(x.dtype),
     'static_index': lambda x: x[:, 1:2] * x[:, 0][:, None],
+    'stack_unstack': lambda x: (jnp.stack([x, PER_STEP[:x.shape[0]]], axis=1).sum(1)
+                                + jnp.stack([x, -x])[1] * sum(jnp.unstack(x, axis=1))[:, None]),
     'top_k_features': lambda x: jnp.concatenate(
         [lax.top_k(x, 2)[0], lax.top_k(x.T, 1, axis=0)[1].T.astype(x.dtype)], axis=1),
 }
