@@ -5,16 +5,18 @@ strided slices, `fn` on the halves, interior pads and concatenations. `fold`
 finds the equations of each call (by the source location they were traced at:
 inside `associative_scan`) and replaces them by one equation of
 `associative_scan_call`, whose parameters hold those equations (`jaxpr`, run
-when it is evaluated, differentiated or batched) and `fn` applied once
-(`combine`, read from the call's first level: `fn(elems[0::2], elems[1::2])`).
+when it is evaluated, differentiated or batched) and `fn` as the running step
+needs it (`combine`).
 
 The structure read, for a call on leaves `E_k` of length `T >= 2` along `a`:
-
-* the call starts with `slice(E_k, 0, T - 1, 2)` for every leaf, then
-  `slice(E_k, 1, T, 2)`: `combine`'s inputs;
-* every result is `pad(concat(E_k[0:1], even_k)) + pad(odd_k)` (interleaved
-  along `a`), `odd_k` being the scan of the combined pairs: `combine`'s
-  result for leaf k, or a scan of it, itself such an interleave.
+every result is `pad(concat(E_k[0:1], even_k)) + pad(odd_k)` (interleaved
+along `a`), where `odd_k` is the scan at the odd positions and
+`even_k = fn(odd_k[:len(even_k)], E_k[2::2])` the scan at the even ones after
+the first: `combine` is that application of `fn`, from the scan so far and the
+next elements to the scan. Under `jax.vmap` the results may hold the leaves'
+axes in another order (transposes between `E_k[0:1]` and the concatenation);
+`combine` takes the scan in the results' order and the elements in the
+leaves', as the traced program does, and the step keeps that order.
 
 A call that does not have this structure (reversed, for one) is left as it is.
 """
@@ -30,9 +32,11 @@ custom.define_jaxpr_primitive(associative_scan_call_p)
 
 
 class Interleave(NamedTuple):
-  """`pad(concat(first[0:1], even)) + pad(odd)` along `axis`."""
+  """`pad(concat(transpose(first[0:1], perm), even)) + pad(odd)` along `axis`."""
   axis: int
   first: Any  # the value whose element 0 leads the result
+  perm: tuple[int, ...]  # axis i of the result is axis perm[i] of `first`
+  even: Any
   odd: Any
   out: Any
 
@@ -112,24 +116,23 @@ def _fold_call(eqns, last_use: dict, stop: int):
              if not isinstance(v, _compat.DropVar) and last_use.get(v, -1) >= stop]
   tops = [t for e in eqns if (t := interleave(e, producer)) is not None
           and t.first in inputs]
-  if not tops or len({(t.axis, t.out.aval.shape[t.axis]) for t in tops}) != 1:
+  if not tops or len({t.axis for t in tops}) != 1:
     return None
   outs = [t.out for t in tops]
-  if any(v not in outs for v in outputs):
-    return None
-  halves = _halves(eqns, tops)
-  combined = [_combined(t.odd, producer) for t in tops]
-  if halves is None or any(v not in producer for v in combined):
-    return None
   elems = [t.first for t in tops]
   consts = [v for v in inputs if v not in elems]
-  combine = _combine_jaxpr(eqns, producer, halves + consts, combined, set(elems))
+  scans, nexts = _scans_so_far(eqns, tops), _next_elements(eqns, tops)
+  if any(v not in outs for v in outputs) or scans is None or nexts is None:
+    return None
+  combine = _combine_jaxpr(eqns, producer, scans + nexts + consts, [t.even for t in tops],
+                           set(elems))
   if combine is None:
     return None
   ordered = list(dict.fromkeys(elems)) + consts
   params = dict(
       jaxpr=_closed(ordered, outputs, eqns), combine=_compat.ClosedJaxpr(combine, ()),
-      axis=tops[0].axis, elems=tuple(ordered.index(v) for v in elems),
+      axis=tops[0].axis, perms=tuple(t.perm for t in tops),
+      elems=tuple(ordered.index(v) for v in elems),
       leaves=tuple(outs.index(v) for v in outputs))
   return _compat.new_equation(
       ordered, outputs, associative_scan_call_p, params, _effects(eqns),
@@ -159,10 +162,24 @@ def interleave(eqn, producer: dict) -> Interleave | None:
   concat = _made_by(even.invars[0], prims.concatenate_p, producer)
   if concat is None or len(concat.invars) != 2:
     return None
-  head = _made_by(concat.invars[0], prims.slice_p, producer)
-  if head is None or not _leading(head, axes[0]):
+  head, perm = _through_transposes(concat.invars[0], producer)
+  if head is None or not _takes(head, perm[axes[0]], 0, 1, 1):
     return None
-  return Interleave(axes[0], head.invars[0], odd.invars[0], eqn.outvars[0])
+  return Interleave(axes[0], head.invars[0], perm, concat.invars[1], odd.invars[0],
+                    eqn.outvars[0])
+
+
+def _through_transposes(var, producer: dict):
+  """The `slice` equation `var` is made from by transposes, and where `var`'s axes come
+  from in its operand."""
+  perm = tuple(range(var.aval.ndim))
+  eqn = producer.get(var)
+  while eqn is not None and eqn.primitive is _compat.scan_primitives.transpose_p:
+    perm = tuple(eqn.params['permutation'][i] for i in perm)
+    eqn = producer.get(eqn.invars[0])
+  if eqn is None or eqn.primitive is not _compat.scan_primitives.slice_p:
+    return None, perm
+  return eqn, perm
 
 
 def _made_by(var, primitive, producer: dict):
@@ -171,36 +188,41 @@ def _made_by(var, primitive, producer: dict):
   return eqn if eqn is not None and eqn.primitive is primitive else None
 
 
-def _leading(eqn, axis: int) -> bool:
-  """Whether a `slice` equation takes element 0 along `axis` and all of other axes."""
+def _takes(eqn, axis: int, start: int, limit: int | None, stride: int) -> bool:
+  """Whether a `slice` equation takes `start:limit:stride` along `axis` (None: to the
+  end) and all of the other axes."""
   shape = eqn.invars[0].aval.shape
   strides = eqn.params['strides'] or (1,) * len(shape)
-  return all(s == 0 and st == 1 and limit == (1 if i == axis else shape[i])
-             for i, (s, limit, st) in enumerate(zip(
-                 eqn.params['start_indices'], eqn.params['limit_indices'], strides)))
+  want = {axis: (start, shape[axis] if limit is None else limit, stride)}
+  return all((s, end, st) == want.get(i, (0, shape[i], 1)) for i, (s, end, st) in enumerate(
+      zip(eqn.params['start_indices'], eqn.params['limit_indices'], strides)))
 
 
-def _halves(eqns, tops: list[Interleave]) -> list | None:
-  """`combine`'s inputs: the call's first equations, `E_k[0::2]` then `E_k[1::2]`."""
-  count, axis = len(tops), tops[0].axis
-  if len(eqns) < 2 * count:
-    return None
-  halves = []
-  for index, eqn in enumerate(eqns[:2 * count]):
-    start = index // count
-    if (eqn.primitive is not _compat.scan_primitives.slice_p
-        or eqn.invars[0] is not tops[index % count].first
-        or eqn.params['start_indices'][axis] != start
-        or (eqn.params['strides'] or ())[axis:axis + 1] != (2,)):
+def _scans_so_far(eqns, tops: list[Interleave]) -> list | None:
+  """`combine`'s first operands: the scan at the odd positions, cut to the even ones."""
+  length = tops[0].first.aval.shape[tops[0].perm[tops[0].axis]]
+  if length % 2:
+    return [t.odd for t in tops]
+  found = []
+  for t in tops:
+    cut = [e.outvars[0] for e in eqns if e.primitive is _compat.scan_primitives.slice_p
+           and e.invars[0] is t.odd and _takes(e, t.axis, 0, length // 2 - 1, 1)]
+    if not cut:
       return None
-    halves.append(eqn.outvars[0])
-  return halves
+    found.append(cut[0])
+  return found
 
 
-def _combined(odd, producer: dict):
-  """`combine`'s result for a leaf, from the odd elements of its scan."""
-  nested = interleave(producer[odd], producer) if odd in producer else None
-  return odd if nested is None else nested.first
+def _next_elements(eqns, tops: list[Interleave]) -> list | None:
+  """`combine`'s second operands: `E_k[2::2]` for every leaf, in the leaves' order."""
+  firsts = [t.first for t in tops]
+  found = [e for e in eqns if e.primitive is _compat.scan_primitives.slice_p
+           and e.invars[0] in firsts]
+  found = [e for e in found
+           if _takes(e, tops[firsts.index(e.invars[0])].perm[tops[0].axis], 2, None, 2)]
+  if [e.invars[0] for e in found] != firsts:
+    return None
+  return [e.outvars[0] for e in found]
 
 
 def _combine_jaxpr(eqns, producer: dict, invars: list, outvars: list, elems: set):

@@ -2,18 +2,19 @@
 
 `lax.associative_scan(fn, elems, axis=a)` is `[e0, fn(e0, e1), fn(fn(e0, e1), e2),
 ...]` along `a`. When `a` is the scan axis, the step keeps the last result `c`
-(every leaf of it) and computes `c_t = fn(c_{t-1}, e_t)`, `c_0 = e_0`: one `fn`
-per element. `fn` is `combine`, the call's first `fn(elems[0::2], elems[1::2])`,
-converted like any function along time: it must act on each element alone (as
-`lax.associative_scan` asks), so its conversion keeps no state. Over another
-axis, the call's equations are converted as they are (slices along other axes
-run per element).
+(every leaf of it) and computes `c_t = fn(c_(t-1), e_t)`, `c_0 = e_0`: one `fn`
+per element. `fn` is `combine`, the call's own application of `fn` to the scan so
+far and the next elements, converted like any function along time: it must act
+on each element alone (as `lax.associative_scan` asks), so its conversion keeps no
+state. Over another axis, the call's equations are converted as they are (slices
+along other axes run per element).
 """
 from __future__ import annotations
 
 import jax
 from jax import lax
 import jax.numpy as jnp
+import numpy as np
 
 from lift.causal import associative
 from lift.causal import forms
@@ -30,67 +31,102 @@ NOT_ELEMENTWISE = (
 )
 
 
-def associative_scan_rule(eqn: Eqn, *, jaxpr, combine, axis, elems,
+def associative_scan_rule(eqn: Eqn, *, jaxpr, combine, axis, perms, elems,
                           leaves) -> StepForm:
-  """A running step along `axis`; over other axes, the call's equations."""
+  """A running step along the scan's axis; over other axes, the call's equations."""
   leaf_ops = [eqn.operands[i] for i in elems]
   const_ops = eqn.operands[max(elems) + 1:]
-  along = [op.stream is not None and op.axis == axis for op in leaf_ops]
+  along = [op.stream is not None and op.axis == perm[axis]
+           for op, perm in zip(leaf_ops, perms)]
   if not any(along) or any(op.stream is not None or op.pair is not None
                            for op in const_ops):
     return rules_control.call_rule("jaxpr")(eqn, jaxpr=jaxpr)
-  return _running_form(eqn, _element_combine(eqn, combine, axis, len(elems), const_ops),
-                       axis, elems, leaves)
+  layout = _Layout(axis, perms)
+  return _running_form(eqn, _element_combine(eqn, combine, layout, const_ops), layout,
+                       elems, leaves)
 
 
-def _element_combine(eqn: Eqn, combine, axis: int, count: int, const_ops):
-  """`fn` on one element of each leaf: `apply(left, right, consts) -> leaves`."""
+class _Layout:
+  """Where each leaf's axes are: the elements' order, and the results' (`axis` on time).
+
+  Under `jax.vmap` a leaf's results may hold its axes in another order: axis `i` of
+  the results is axis `perms[leaf][i]` of the leaf.
+  """
+
+  def __init__(self, axis: int, perms):
+    self.axis, self.perms = axis, perms
+    self.elem_axes = [perm[axis] for perm in perms]
+
+  def element_order(self, leaf: int) -> list[int]:
+    """Axis `j` of a result's element is axis `order[j]` of the leaf's element."""
+    perm, time = self.perms[leaf], self.elem_axes[leaf]
+    return [p - (p > time) for i, p in enumerate(perm) if i != self.axis]
+
+  def to_result(self, leaf: int, element):
+    return jnp.transpose(element, self.element_order(leaf))
+
+  def to_leaf(self, leaf: int, element):
+    return jnp.transpose(element, [int(i) for i in np.argsort(self.element_order(leaf))])
+
+
+def _element_combine(eqn: Eqn, combine, layout: _Layout, const_ops):
+  """`fn` on one element of each leaf: `apply(scan, elements, consts) -> scan`."""
+  count = len(layout.perms)
+  in_infos = ([Stream(layout.axis, 0)] * count + [Stream(a, 0) for a in layout.elem_axes]
+              + [None] * len(const_ops))
   program = interpreter.convert(
-      combine.jaxpr, combine.consts, [Stream(axis, 0)] * (2 * count) + [None] * len(const_ops),
+      combine.jaxpr, combine.consts, in_infos,
       [None] * (2 * count) + [op.known for op in const_ops], where=eqn.where)
   for index, info in enumerate(program.out_infos):
-    if info != Stream(axis, 0):
-      raise eqn.error(NOT_ELEMENTWISE.format(axis=axis, why=(
+    if info != Stream(layout.axis, 0):
+      raise eqn.error(NOT_ELEMENTWISE.format(axis=layout.axis, why=(
           f"its result {index} is not the element of its operands along the axis")))
-  empty = [frames.empty_prefix(v.aval, axis) for v in combine.jaxpr.invars[:2 * count]]
+  empty = [frames.empty_prefix(v.aval, info.axis)
+           for v, info in zip(combine.jaxpr.invars, in_infos[:2 * count])]
   const_avals = [jax.ShapeDtypeStruct(op.aval.shape, op.aval.dtype) for op in const_ops]
   states = jax.eval_shape(
       lambda consts: interpreter.run_prefill(program, empty + list(consts))[0], const_avals)
   if jax.tree.leaves(states):
     raise eqn.error(NOT_ELEMENTWISE.format(
-        axis=axis, why="it keeps state along the axis: a shift, a cumulative op or a cache"))
+        axis=layout.axis, why="it keeps state along the axis: a shift, a cumulative op or a cache"))
 
-  def apply(left, right, consts):
+  def apply(scan, elements, consts):
     return interpreter.run_step(program, states, jnp.int32(0),
-                                [*left, *right, *consts])[1]
+                                [*scan, *elements, *consts])[1]
 
   return apply
 
 
-def _running_form(eqn: Eqn, apply, axis: int, elems, leaves) -> StepForm:
+def _running_form(eqn: Eqn, apply, layout: _Layout, elems, leaves) -> StepForm:
   leaf_ops = [eqn.operands[i] for i in elems]
   first_const = max(elems) + 1
-  init = [jnp.zeros(forms.drop_entry(op.aval.shape, axis), op.aval.dtype)
-          for op in leaf_ops]
-  outs = [eqn.stream(axis)] * len(leaves)
+  init = [jnp.zeros([op.aval.shape[p] for i, p in enumerate(perm) if i != layout.axis],
+                    op.aval.dtype) for op, perm in zip(leaf_ops, layout.perms)]
+  outs = [eqn.stream(layout.axis)] * len(leaves)
 
   def step(state, index, args):
     xs = [args[i] if op.stream is not None else frames.step_slice(args[i], axis, index)
-          for i, op in zip(elems, leaf_ops)]
+          for i, op, axis in zip(elems, leaf_ops, layout.elem_axes)]
     combined = apply(state, xs, args[first_const:])
-    state = [jnp.where(index == 0, x, c) for x, c in zip(xs, combined)]
+    state = [jnp.where(index == 0, layout.to_result(k, x), c)
+             for k, (x, c) in enumerate(zip(xs, combined))]
     return state, [state[leaf] for leaf in leaves]
 
   def prefill(args):
     if eqn.offset == 0:
       return init, forms.empty_outs(eqn, outs)
-    prefix = [args[i] if op.stream is not None
-              else frames.prefix_slice(args[i], axis, eqn.offset)
-              for i, op in zip(elems, leaf_ops)]
-    pairwise = jax.vmap(apply, in_axes=(axis, axis, None), out_axes=axis)
     consts = args[first_const:]
-    scanned = lax.associative_scan(lambda a, b: pairwise(a, b, consts), prefix, axis=axis)
-    state = [lax.index_in_dim(s, eqn.offset - 1, axis, keepdims=False) for s in scanned]
+    prefix = [jnp.transpose(args[i] if op.stream is not None
+                            else frames.prefix_slice(args[i], axis, eqn.offset), perm)
+              for i, op, axis, perm in zip(elems, leaf_ops, layout.elem_axes, layout.perms)]
+
+    def combine_results(scan, later):  # both in the results' order
+      return apply(scan, [layout.to_leaf(k, x) for k, x in enumerate(later)], consts)
+
+    pairwise = jax.vmap(combine_results, in_axes=layout.axis, out_axes=layout.axis)
+    scanned = lax.associative_scan(pairwise, prefix, axis=layout.axis)
+    state = [lax.index_in_dim(s, eqn.offset - 1, layout.axis, keepdims=False)
+             for s in scanned]
     return state, [scanned[leaf] for leaf in leaves]
 
   return StepForm(tuple(outs), step, prefill)

@@ -116,6 +116,24 @@ def test_associative_scan_of_a_non_commutative_op():
   check_scan(g, MATS, prefill=[2])
 
 
+def per_head(decay, xs):  # [T, batch] each: a scan per head, vmapped over heads
+  return lax.associative_scan(affine, (decay, xs))[1]
+
+
+@pytest.mark.parametrize('g, oracle, xs', [
+    (lambda m: jax.vmap(lambda x: lax.associative_scan(jnp.matmul, x), in_axes=1, out_axes=1)(m),
+     lambda m: jnp.stack([products(m[:, b]) for b in range(3)], 1), rand((T, 3, 2, 2), seed=4)),
+    (lambda x: jax.vmap(per_head, in_axes=2, out_axes=2)(jax.nn.sigmoid(x), x),
+     lambda x: jnp.stack([jnp.stack([linear_recurrence(jax.nn.sigmoid(x[:, b, h]), x[:, b, h])
+                                     for h in range(2)], 1) for b in range(3)], 1),
+     rand((T, 3, 2), seed=5)),
+], ids=['batch_axis_moved', 'axes_reordered'])
+def test_associative_scan_under_vmap(g, oracle, xs):
+  # S5-style code vmaps a scan per sequence (or head); vmap moves axes inside it
+  assert_trees_close(g(xs), oracle(xs))
+  check_scan(g, xs, prefill=[3])
+
+
 def test_associative_scan_closing_over_a_weight_under_jit():
   # x_0 + mask * (x_1 + ... + x_t): associative for a 0/1 mask, which fn closes over.
   def g(xs, mask):
