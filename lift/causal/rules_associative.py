@@ -71,18 +71,15 @@ class _Layout:
 
 def _element_combine(eqn: Eqn, combine, layout: _Layout, const_ops):
   """`fn` on one element of each leaf: `apply(scan, elements, consts) -> scan`."""
-  count = len(layout.perms)
-  in_infos = ([Stream(layout.axis, 0)] * count + [Stream(a, 0) for a in layout.elem_axes]
-              + [None] * len(const_ops))
+  axes = [layout.axis] * len(layout.perms) + layout.elem_axes  # scan so far, then elements
   program = interpreter.convert(
-      combine.jaxpr, combine.consts, in_infos,
-      [None] * (2 * count) + [op.known for op in const_ops], where=eqn.where)
+      combine.jaxpr, combine.consts, [Stream(a, 0) for a in axes] + [None] * len(const_ops),
+      [None] * len(axes) + [op.known for op in const_ops], where=eqn.where)
   for index, info in enumerate(program.out_infos):
     if info != Stream(layout.axis, 0):
       raise eqn.error(NOT_ELEMENTWISE.format(axis=layout.axis, why=(
           f"its result {index} is not the element of its operands along the axis")))
-  empty = [frames.empty_prefix(v.aval, info.axis)
-           for v, info in zip(combine.jaxpr.invars, in_infos[:2 * count])]
+  empty = [frames.empty_prefix(v.aval, a) for v, a in zip(combine.jaxpr.invars, axes)]
   const_avals = [jax.ShapeDtypeStruct(op.aval.shape, op.aval.dtype) for op in const_ops]
   states = jax.eval_shape(
       lambda consts: interpreter.run_prefill(program, empty + list(consts))[0], const_avals)
