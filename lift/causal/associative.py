@@ -109,12 +109,13 @@ def _call_sites(eqns) -> list[tuple[int, int]]:
 
 
 def _fold_call(eqns, last_use: dict, stop: int):
-  """One `associative_scan_call` equation for a call's equations, or None."""
+  """One `associative_scan` equation in place of a call's equations, or None when they
+  do not have the structure read here."""
   producer = {v: e for e in eqns for v in e.outvars}
   inputs = _inputs(eqns, producer)
   outputs = [v for e in eqns for v in e.outvars
              if not isinstance(v, _compat.DropVar) and last_use.get(v, -1) >= stop]
-  tops = [t for e in eqns if (t := interleave(e, producer)) is not None
+  tops = [t for e in eqns if (t := _interleave(e, producer)) is not None
           and t.first in inputs]
   if not tops or len({t.axis for t in tops}) != 1:
     return None
@@ -146,7 +147,7 @@ def _inputs(eqns, producer) -> list:
   return list(dict.fromkeys(seen))
 
 
-def interleave(eqn, producer: dict) -> Interleave | None:
+def _interleave(eqn, producer: dict) -> Interleave | None:
   """The parts of `eqn` if it interleaves `concat(first[0:1], ...)` with another value
   (what `lax.associative_scan` returns at each level), else None."""
   prims = _compat.scan_primitives
@@ -226,8 +227,8 @@ def _next_elements(eqns, tops: list[Interleave]) -> list | None:
 
 
 def _combine_jaxpr(eqns, producer: dict, invars: list, outvars: list, elems: set):
-  """The equations computing `outvars` from `invars`, as a jaxpr; None if they read
-  a whole leaf (then they are not `fn` on the halves)."""
+  """The equations computing `outvars` from `invars`, as a jaxpr; None if they read a
+  whole leaf (then they are not `fn` on the scan so far and the next elements)."""
   needed, stack = set(), list(outvars)
   while stack:
     var = stack.pop()

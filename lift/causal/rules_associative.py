@@ -36,10 +36,8 @@ def associative_scan_rule(eqn: Eqn, *, jaxpr, combine, axis, perms, elems,
   """A running step along the scan's axis; over other axes, the call's equations."""
   leaf_ops = [eqn.operands[i] for i in elems]
   const_ops = eqn.operands[max(elems) + 1:]
-  along = [op.stream is not None and op.axis == perm[axis]
-           for op, perm in zip(leaf_ops, perms)]
-  if not any(along) or any(op.stream is not None or op.pair is not None
-                           for op in const_ops):
+  along = [op.axis == perm[axis] for op, perm in zip(leaf_ops, perms) if op.stream is not None]
+  if not along or not all(along) or any(op.stream is not None for op in const_ops):
     return rules_control.call_rule("jaxpr")(eqn, jaxpr=jaxpr)
   layout = _Layout(axis, perms)
   return _running_form(eqn, _element_combine(eqn, combine, layout, const_ops), layout,
