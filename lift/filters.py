@@ -35,6 +35,9 @@ class DenyList:
   Not needed for a filter of every name (``True``) or of a few names (a list
   of strings): use those.
 
+  Attributes:
+    deny: the filter of the names not matched.
+
   Examples:
     >>> in_filter(DenyList('params'), 'batch_stats'), in_filter(DenyList('params'), 'params')
     (True, False)

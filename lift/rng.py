@@ -45,6 +45,10 @@ class RngStream:
   suffix and n, as Flax derives keys. Scopes manage their streams; draw keys
   with ``scope.make_rng(name)``, not by building streams yourself.
 
+  Attributes:
+    key: the raw PRNG key.
+    suffix: the child-scope names, outermost first, hashed into each draw with its count.
+
   Examples:
     >>> stream = RngStream(jax.random.key(0)).child('dense')
     >>> stream.suffix

@@ -8,6 +8,8 @@ writes them): the printed text must be that, each float within a relative 1e-2 o
 units of its last shown digit (another CPU rounds a trained model's loss differently).
 """
 import contextlib
+import dataclasses
+import inspect
 import io
 import math
 import pathlib
@@ -20,6 +22,10 @@ from typing import NamedTuple
 import jax
 import pytest
 from markdown_it import MarkdownIt
+
+import lift
+import linen_ext
+from lift import loops
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / 'docs'
@@ -106,15 +112,82 @@ def test_guide_code_runs_and_prints_what_it_shows(page, tmp_path, monkeypatch):
           'Fix: python tools/docs_outputs.py rewrites the output blocks.')
 
 
-def test_site_builds_strict():
-  """Exactly the documented command: strict mode counts every warning (``--quiet`` would
-  hide them from it), so one griffe or link warning fails the build. It prints its log
-  lines only: no notice box from a theme or plugin (notes/test-suite.md, the docs)."""
+def test_site_builds_strict(tmp_path):
+  """The documented command, into a scratch folder: strict mode counts every warning
+  (``--quiet`` would hide them from it), so one griffe or link warning fails the build. It
+  prints its log lines only: no notice box from a theme or plugin (notes/test-suite.md,
+  the docs). The API reference it builds is then checked (`constructor_problems`): one
+  build for both."""
   mkdocs = pathlib.Path(sys.executable).parent / 'mkdocs'
-  built = subprocess.run([str(mkdocs), 'build', '--strict'], cwd=ROOT, capture_output=True,
-                         text=True, check=False)
+  built = subprocess.run([str(mkdocs), 'build', '--strict', '--site-dir', str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, check=False)
   assert built.returncode == 0, built.stdout + built.stderr
   assert not re.search(r'^WARNING\b', built.stderr, re.MULTILINE), built.stderr
   stray = [line for line in (built.stdout + built.stderr).splitlines()
            if line.strip() and not line.startswith('INFO')]
   assert not stray, '\n'.join(stray)
+  problems = constructor_problems(api_sections(tmp_path / 'api'))
+  assert not problems, '\n'.join(problems)
+
+
+def api_sections(api: pathlib.Path) -> dict[str, str]:
+  """The HTML of each object an API page renders at the top (a level-3 heading), by the
+  heading's id (the path its ``:::`` directive names)."""
+  sections = {}
+  for page in api.glob('*/index.html'):
+    html = page.read_text()
+    starts = [(m.start(), m.group(1)) for m in re.finditer(r'<h3 id="([^"]+)"', html)]
+    for (start, ident), (end, _) in zip(starts, starts[1:] + [(len(html), '')]):
+      sections[ident] = html[start:end]
+  return sections
+
+
+def public_classes() -> dict[type, set[str]]:
+  """Our public classes (``dir()`` of `lift`, `lift.loops` and `linen_ext`), each with
+  the paths that can name it on an API page."""
+  classes: dict[type, set[str]] = {}
+  for pkg in (lift, loops, linen_ext):
+    for name in dir(pkg):
+      obj = getattr(pkg, name)
+      if (not name.startswith('_') and isinstance(obj, type)
+          and obj.__module__.split('.')[0] in ('lift', 'linen_ext')):
+        classes.setdefault(obj, {f'{obj.__module__}.{obj.__qualname__}'}).add(
+            f'{pkg.__name__}.{name}')
+  return classes
+
+
+def constructor_fields(cls: type) -> tuple[list[str], bool]:
+  """The names the constructor takes, and whether they are fields (a dataclass's or a
+  NamedTuple's, which get a table); an ``__init__`` inherited from Python takes none."""
+  if dataclasses.is_dataclass(cls):
+    return [f.name for f in dataclasses.fields(cls) if f.init], True
+  if issubclass(cls, tuple) and hasattr(cls, '_fields'):
+    return list(cls._fields), True
+  if (getattr(cls.__init__, '__module__', None) or '').split('.')[0] in ('lift', 'linen_ext'):
+    return list(inspect.signature(cls).parameters), False
+  return [], False
+
+
+def constructor_problems(sections: dict[str, str]) -> list[str]:
+  """What the API pages miss: a public class without a section, a constructor argument
+  missing from the class's signature, a field without its row in the ``Fields:`` table,
+  or an object rendered as a module (``::: lift.generate`` once named the module)."""
+  problems = [f'{ident}: rendered as a module' for ident, html in sections.items()
+              if 'doc-module-name' in html.split('</h3>')[0]]
+  for cls, paths in public_classes().items():
+    section = next((sections[p] for p in sorted(paths) if p in sections), None)
+    if section is None:
+      problems.append(f'{min(paths)}: no section on an API page')
+      continue
+    names, are_fields = constructor_fields(cls)
+    signature = re.search(r'<div class="doc-signature.*?</div>', section, re.S)
+    shown = set(re.findall(r'<span class="n">(\w+)</span>', signature.group(0) if signature
+                           else ''))
+    table = re.search(r'>Fields:</span>.*?</table>', section, re.S)
+    rows = set(re.findall(r'<tr class="doc-section-item">\s*<td>\s*<code>(\w+)</code>',
+                          table.group(0) if table else ''))
+    problems += [f'{min(paths)}: {name!r} is not in its signature'
+                 for name in names if name not in shown]
+    problems += [f'{min(paths)}: field {name!r} has no row in its Fields table'
+                 for name in names if are_fields and name not in rows]
+  return problems

@@ -13,7 +13,9 @@ there by a ``:::`` directive under one of its names.
 import ast
 import doctest
 import importlib
+import inspect
 import pathlib
+import pydoc
 import re
 import sys
 import types
@@ -125,6 +127,22 @@ def run_examples(path: str, obj) -> None:
   for test in tests:
     runner.run(test, out=report.append)
   assert runner.failures == 0, ''.join(report)
+
+
+def signature_text(obj) -> str:
+  try:
+    return str(inspect.signature(obj))
+  except ValueError:  # a class whose constructor is Python's (a warning class)
+    return ''
+
+
+def test_signatures_show_real_types():
+  """`help` and `inspect.signature` show types, never ``ForwardRef('float')``: what a
+  NamedTuple gets in a module with ``from __future__ import annotations``."""
+  assert 'ForwardRef' not in pydoc.render_doc(lift.Sampling)
+  forward_refs = [path for path, obj in OURS
+                  if isinstance(obj, type) and 'ForwardRef' in signature_text(obj)]
+  assert not forward_refs, f'signatures with ForwardRef annotations: {forward_refs}'
 
 
 @pytest.mark.parametrize('path,obj', OURS, ids=[path for path, _ in OURS])

@@ -6,8 +6,6 @@ back through the derived step until every row has met a stop token or
 the prompt window (left padding), so that every row takes its next token at the same
 step; the model sees which positions are padding and numbers its positions from it.
 """
-from __future__ import annotations
-
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 

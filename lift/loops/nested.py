@@ -19,8 +19,6 @@ would otherwise be copied per block, which `jax.checkpoint` around an inner
 `jax.custom_vjp`: reverse mode of any order, `jit` and `vmap` work; forward
 mode (`jax.jvp`) raises `NestedForwardModeError`, which says to use 'full'.
 """
-from __future__ import annotations
-
 import functools
 import math
 from collections.abc import Callable, Iterable
@@ -43,6 +41,9 @@ class BlockPlan(NamedTuple):
   carry of block j-1 per step of block j it pulls back. Not something to
   pass to a loop: ``nested=`` of a policy takes a block count; build a plan
   (or call `plan_blocks`) to see what a split costs.
+
+  Attributes:
+    lengths: the number of steps of each block, in loop order.
 
   Examples:
     >>> plan = BlockPlan((3, 2, 1))

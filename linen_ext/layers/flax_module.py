@@ -31,6 +31,10 @@ class FlaxModule(Module):
   them: beside it, when it was made in a ``compact`` method. Not constructed
   directly: `from_flax` makes one.
 
+  Attributes:
+    module: the `flax.linen` module it runs.
+    siblings: the wrappers of the flax submodules ``module``'s fields hold.
+
   Examples:
     >>> import flax.linen
     >>> wrapped = nn.from_flax(flax.linen.Dense(2))

@@ -32,12 +32,13 @@ _FLAX_BASES = (flax_nn.Module, flax_nn.RNNCellBase)
 
 
 def copy_flax_fields(cls: type, flax_class: type) -> None:
-  """Declares on ``cls`` the dataclass fields of ``flax_class`` (minus parent and name)."""
+  """Declares on ``cls`` the dataclass fields of ``flax_class`` (minus parent and name),
+  with Flax's types and defaults."""
   annotations = dict(cls.__dict__.get('__annotations__', {}))
   for f in dataclasses.fields(flax_class):
     if not f.init or f.name in ('parent', 'name'):
       continue
-    annotations[f.name] = Any
+    annotations[f.name] = f.type
     setattr(cls, f.name, dataclasses.field(default=f.default, default_factory=f.default_factory))
   cls.__annotations__ = annotations
 

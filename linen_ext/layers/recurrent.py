@@ -94,9 +94,11 @@ class RNN(Module):
   ``reverse=True`` runs from the last step to the first (and returns the
   outputs in that order unless ``keep_order``). The ``variable_*`` and
   ``split_rngs`` fields go to the lifted `scan`. Not for one step at a time
-  (decoding): call the cell itself with its carry. ``optimize=True`` rewrites
-  the loop with `lift.optimize_scans` (its cost model decides; default off, as
-  Flax's RNN).
+  (decoding): call the cell itself with its carry.
+
+  Attributes:
+    optimize: rewrite the loop with `lift.optimize_scans` (True: its cost model decides;
+      default off, as Flax's RNN).
 
   Examples:
     >>> rnn, x = nn.RNN(nn.GRUCell(3), return_carry=True), jnp.ones((2, 5, 4))
@@ -168,6 +170,13 @@ class Bidirectional(Module):
 
   As `flax.linen.Bidirectional`; the carry is ``(forward carry, backward carry)``.
   Not for causal models (decoding): the backward direction reads the future.
+
+  Attributes:
+    forward_rnn: the `RNN` run from the first step.
+    backward_rnn: the `RNN` run from the last step (its outputs back in time order).
+    merge_fn: merges the two outputs (default: concatenated along the last axis).
+    time_major: whether time is the inputs' first axis (else the one before features).
+    return_carry: whether the call returns ``(carries, outputs)`` rather than the outputs.
 
   Examples:
     >>> layer = nn.Bidirectional(nn.RNN(nn.GRUCell(4)), nn.RNN(nn.GRUCell(4)))

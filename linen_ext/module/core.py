@@ -116,6 +116,12 @@ class Module(VariablesMixin, EntryMixin, _DataclassBase):
   for the same model. Not needed for a stateless function (an activation, a
   reshape): write a plain function; for code against scopes, use `lift`.
 
+  Attributes:
+    parent: the module (or `lift.Scope`) this one is attached to; by default the module
+      whose method is running (None: a top-level, unbound module).
+    name: this module's name in its parent, the key of its variables; by default the
+      attribute `setup` assigns it to, or ``ClassName_N`` in a compact method.
+
   Examples:
     >>> class Mlp(nn.Module):
     ...   features: int

@@ -27,6 +27,11 @@ class InterceptorContext:
   interceptors that follow. Not constructed by user code: each interceptor
   receives one.
 
+  Attributes:
+    module: the module whose method is called.
+    method_name: the name of the method called (``'__call__'``, ``'setup'``, ...).
+    orig_method: the method bound to ``module``, past the interceptors that follow.
+
   Examples:
     >>> def double_dense(next_fun, args, kwargs, context):
     ...   y = next_fun(*args, **kwargs)

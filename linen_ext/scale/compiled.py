@@ -26,6 +26,18 @@ class CompiledStats:
 
   ``device_bytes`` is what the chip's memory must hold at the peak: arguments,
   temporaries, and outputs that do not reuse a donated argument's buffer.
+
+  Attributes:
+    argument_bytes: the arguments' bytes on each chip.
+    output_bytes: the outputs' bytes on each chip.
+    alias_bytes: the bytes of the outputs that reuse a donated argument's buffer.
+    temp_bytes: the temporaries' bytes on each chip.
+    host_bytes: the bytes in host memory (arguments, temporaries and outputs there).
+    flops: the FLOPs of one step on each chip.
+    collectives: the number of collectives of each kind in the code (``'all-reduce'``, ...).
+    compile_seconds: how long the compilation took.
+    cross_slice: the transfers between slices, by kind.
+    cross_slice_in_loops: the transfers between slices inside a loop, by kind.
   """
   argument_bytes: int
   output_bytes: int

@@ -43,6 +43,12 @@ class Candidate:
   """One configuration: the stack's remat policy, the mesh, the pipeline's microbatches,
   and whether the optimizer state lives in host memory.
 
+  Attributes:
+    remat: the remat policy of the model's stack (a `lift.loops.resolve_remat` name).
+    mesh: the mesh as ``(axis name, size)`` pairs.
+    microbatches: the pipeline's microbatches (with a ``'stage'`` axis over 1).
+    offload_optimizer: whether the optimizer state lives in host memory.
+
   Examples:
     >>> Candidate('nested', (('stage', 1), ('data', 64), ('model', 2)), 1, True).describe()
     'remat=nested, data 64 x model 2, optimizer in host memory'
@@ -72,7 +78,15 @@ class Trial:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """The chosen candidate and the table of every trial (`str(plan)` prints it)."""
+  """The chosen candidate and the table of every trial (`str(plan)` prints it).
+
+  Attributes:
+    best: the chosen candidate.
+    stats: the chosen candidate's `CompiledStats`.
+    trials: every candidate tried, with its stats or why it did not compile.
+    memory_limit: the bytes of memory of each chip.
+    margin: the fraction of ``memory_limit`` left free, for what the stats do not see.
+  """
   best: Candidate
   stats: CompiledStats
   trials: tuple[Trial, ...]

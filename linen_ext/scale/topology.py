@@ -43,6 +43,12 @@ class Topology:
   ``devices`` are ordered slice by slice (`device.slice_index`), so a mesh whose first
   axis has ``num_slices`` entries puts that axis across the slices (the data-center
   network) and the others within each slice (the chips' interconnect).
+
+  Attributes:
+    name: the topology's name, as `tpu_topology` took it.
+    devices: the abstract devices, slice by slice.
+    hbm_bytes: the bytes of HBM of each chip.
+    num_slices: the number of slices.
   """
   name: str
   devices: tuple

@@ -85,7 +85,12 @@ def next_token_loss(params: Any, model: Any, batch: Mapping[str, jax.Array]) -> 
 @dataclasses.dataclass(frozen=True)
 class CompiledStep:
   """A training step compiled for a mesh: the `jax.stages.Compiled` (call it on a real
-  mesh) and its per-chip `CompiledStats`."""
+  mesh) and its per-chip `CompiledStats`.
+
+  Attributes:
+    compiled: the compiled step, ``(state, batch) -> (state, loss)``.
+    stats: its bytes, FLOPs and collectives on each chip.
+  """
   compiled: jax.stages.Compiled
   stats: CompiledStats
 

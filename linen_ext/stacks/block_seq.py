@@ -80,6 +80,12 @@ class BlockSeq(LayerStack):
   Compiles in time linear in the depth: not for many equal blocks, use
   `Stacked` or `scan_layers` there.
 
+  Attributes:
+    layers: a Module class (or ``functools.partial`` of one), or a list of detached modules.
+    length: the number of layers made of a class (with a list: None or its length).
+    remat: checkpoint policy of each layer, as `Stacked`'s.
+    block_kwargs: options of the block class.
+
   Examples:
     >>> class Block(nn.Module):
     ...   @nn.compact
