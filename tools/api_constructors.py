@@ -33,8 +33,8 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 PACKAGES = ('lift', 'linen_ext')
 FLAX_API = 'https://flax.readthedocs.io/en/latest/api_reference/flax.linen/'
-# The classes of Flax's API reference (docs/api_reference/flax.linen/*.rst in Flax's
-# repository), by page; each one's anchor is its path, ``#flax.linen.Dense``.
+# The classes and transforms of Flax's API reference (docs/api_reference/flax.linen/*.rst
+# in Flax's repository), by page; each one's anchor is its path, ``#flax.linen.Dense``.
 FLAX_PAGES = {
     'layers': ('Dense DenseGeneral Conv ConvTranspose ConvLocal Einsum Embed BatchNorm '
                'LayerNorm GroupNorm RMSNorm InstanceNorm SpectralNorm WeightNorm Sequential '
@@ -43,6 +43,8 @@ FLAX_PAGES = {
                'MGUCell RNN Bidirectional'),
     'module': 'Module',
     'variable': 'Variable',
+    'transformations': 'vmap scan jit remat remat_scan map_variables jvp vjp custom_vjp '
+                       'while_loop cond switch',
 }
 FLAX_URLS = {name: f'{FLAX_API}{page}.html#flax.linen.{name}'
              for page, names in FLAX_PAGES.items() for name in names.split()}
@@ -140,7 +142,8 @@ def add_constructor(cls: griffe.Class, runtime: type) -> None:
       '__init__', lineno=0, endlineno=0, parent=cls, returns='None',
       parameters=griffe.Parameters(self_parameter, *(f.parameter for f in fields))))
   drop_documented_attributes(cls, {f.parameter.name for f in fields})
-  rows = [griffe.DocstringParameter(f.parameter.name, description=f.description,
+  rows = [griffe.DocstringParameter(f.parameter.name,
+                                    description=FLAX_MENTION.sub(_flax_link, f.description),
                                     annotation=f.parameter.annotation,
                                     value=f.parameter.default) for f in fields]
   parsed = cls.docstring.parsed if cls.docstring else []
