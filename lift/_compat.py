@@ -121,15 +121,39 @@ def evaluate_known(flat_fn, inputs: list, debug_info) -> list | None:
   return [value for _, value in outs]
 
 
-def source_summary(eqn: JaxprEqn) -> str:
-  """`file.py:line:column (function)` of the user code that produced `eqn`: the
-  innermost frame outside JAX and the packages that hide their frames."""
+def user_frame(eqn: JaxprEqn):
+  """The frame of the user code that produced `eqn` (with `file_name`,
+  `start_line`, `start_column`, `function_name`): the innermost one outside JAX
+  and the packages that hide their frames; None if there is none."""
   folders = tuple(_LIBRARY_FOLDERS)
-  for frame in _source_info_util.user_frames(eqn.source_info.traceback):
-    if not frame.file_name.startswith(folders):
-      column = f":{frame.start_column}" if frame.start_column else ""
-      return f"{frame.file_name}:{frame.start_line}{column} ({frame.function_name})"
-  return _source_info_util.summarize(eqn.source_info)
+  frames = _source_info_util.user_frames(eqn.source_info.traceback)
+  return next((f for f in frames if not f.file_name.startswith(folders)), None)
+
+
+def source_summary(eqn: JaxprEqn) -> str:
+  """`file.py:line:column (function)` of the user code that produced `eqn`."""
+  frame = user_frame(eqn)
+  if frame is None:
+    return _source_info_util.summarize(eqn.source_info)
+  column = f":{frame.start_column}" if frame.start_column else ""
+  return f"{frame.file_name}:{frame.start_line}{column} ({frame.function_name})"
+
+
+def call_site(eqn: JaxprEqn) -> tuple:
+  """The frames outside JAX that produced `eqn`, as a key: JAX gives the loops
+  it derives from a loop (partial evaluation, transposition) the same ones."""
+  return tuple((f.file_name, f.start_line, f.start_column, f.function_name)
+               for f in _source_info_util.user_frames(eqn.source_info.traceback))
+
+
+def name_stack_parts(eqn: JaxprEqn) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """(transform names, scope names) of `eqn`'s name stack, outermost first:
+  `transpose` marks what a backward pass computes, `rematted_computation` a
+  forward computation that `jax.checkpoint` repeats in it."""
+  stack = eqn.source_info.name_stack.stack
+  transforms = tuple(e.name for e in stack if isinstance(e, _source_info_util.Transform))
+  scopes = tuple(e.name for e in stack if isinstance(e, _source_info_util.Scope))
+  return transforms, scopes
 
 
 def user_location(traceback) -> str:

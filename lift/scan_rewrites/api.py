@@ -1,7 +1,6 @@
 """`optimize_scans` and `explain_scans`: the rewrites as a function transformation."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 from collections.abc import Callable, Sequence
@@ -11,8 +10,10 @@ import jax
 from lift import _compat
 from lift.errors import ScanRewriteError
 from lift.scan_rewrites import program
+from lift.scan_rewrites.names import Level, Naming, top_level
 from lift.scan_rewrites.passes import optimize_jaxpr
-from lift.scan_rewrites.registry import REWRITES, Context, Decision
+from lift.scan_rewrites.registry import REWRITES, Context
+from lift.scan_rewrites.report import ScanReport
 
 
 def _selected(rewrites) -> tuple[tuple[str, ...], bool]:
@@ -58,12 +59,12 @@ def _trace(fn, args, kwargs):
   return jax.make_jaxpr(flat)(*leaves), leaves, out_tree[0]
 
 
-def _optimized(fn, names, cost_model, args, kwargs):
-  closed, leaves, out_tree = _trace(fn, args, kwargs)
+def _optimized(closed, leaves, names, cost_model, top: Level | None = None):
+  """(`closed` rewritten, the context holding the decisions and the loops seen)."""
   differentiated = (any(_compat.is_differentiated(x) for x in [*leaves, *closed.consts])
                     or has_backward_pass(closed.jaxpr))
-  ctx = Context(cost_model, differentiated)
-  return optimize_jaxpr(closed, names, ctx), closed, leaves, out_tree, ctx
+  ctx = Context(cost_model, differentiated, naming=Naming(top))
+  return optimize_jaxpr(closed, names, ctx), ctx
 
 
 def optimize_scans(fn: Callable, *, rewrites: Sequence[str] | None = None) -> Callable:
@@ -116,43 +117,21 @@ def optimize_scans(fn: Callable, *, rewrites: Sequence[str] | None = None) -> Ca
 
   @functools.wraps(fn)
   def optimized(*args, **kwargs):
-    closed, _, leaves, out_tree, _ = _optimized(fn, names, cost_model, args, kwargs)
-    return jax.tree.unflatten(out_tree, program.evaluate(closed, leaves))
+    closed, leaves, out_tree = _trace(fn, args, kwargs)
+    optimized_jaxpr, _ = _optimized(closed, leaves, names, cost_model)
+    return jax.tree.unflatten(out_tree, program.evaluate(optimized_jaxpr, leaves))
   return optimized
-
-
-@dataclasses.dataclass(frozen=True)
-class ScanReport:
-  """What `explain_scans` found: each rewrite's decision at each loop, and the
-  jaxprs before and after.
-
-  Examples:
-    >>> def f(xs, w):  # sin(w) does not change from step to step
-    ...   return jax.lax.scan(lambda c, x: (c + x, jnp.sin(w) * x), 0.0, xs)
-    >>> report = lift.explain_scans(f, jnp.ones(3), 2.0)
-    >>> report.applied, report.loops('after')
-    (('push_out_non_seq',), 1)
-  """
-  decisions: tuple[Decision, ...]
-  before: Any
-  after: Any
-
-  @property
-  def applied(self) -> tuple[str, ...]:
-    """The names of the rewrites that changed the program, in order, once each."""
-    return tuple(dict.fromkeys(d.rewrite for d in self.decisions if d.applied))
-
-  def loops(self, which: str = 'after') -> int:
-    """The number of scans in the jaxpr `which` ('before' or 'after'), nested ones included."""
-    return count_scans(getattr(self, which).jaxpr)
-
-  def __str__(self) -> str:
-    lines = [f'scans: {self.loops("before")} before, {self.loops("after")} after']
-    return '\n'.join(lines + [str(d) for d in self.decisions] or ['no rewrite applies'])
 
 
 def explain_scans(fn: Callable, *args, rewrites: Sequence[str] | None = None, **kwargs) -> ScanReport:
   """Reports what `optimize_scans(fn, rewrites=rewrites)` does to ``fn(*args, **kwargs)``.
+
+  The report names each loop by the function and line that wrote it and by
+  its role: forward, or the backward loop of a forward one (JAX derives it
+  by transposing), nested or not. It names values by what they hold: an
+  argument's pytree path (``variables/params/cell/ii/kernel``), the gradient
+  of one (a backward loop's carry whose final value is that gradient, found
+  by matching output paths to input paths), or a loop's own state.
 
   Examples:
     >>> def total(xs):
@@ -160,22 +139,20 @@ def explain_scans(fn: Callable, *args, rewrites: Sequence[str] | None = None, **
     >>> report = lift.explain_scans(total, jnp.ones(5))
     >>> report.loops('before'), report.applied
     (1, ('remove_unused_inputs',))
+    >>> print(report.decisions[0].detail)
+    dropped what nothing reads: output 0 f32[5]
 
   Do not use it to time the rewrites: it only traces.
   """
   names, cost_model = _selected(rewrites)
-  after, before, _, _, ctx = _optimized(fn, names, cost_model, args, kwargs)
-  return ScanReport(tuple(ctx.decisions), before, after)
+  closed, leaves, out_tree = _trace(fn, args, kwargs)
+  top = top_level(fn, args, kwargs, closed, out_tree)
+  after, ctx = _optimized(closed, leaves, names, cost_model, top)
+  return ScanReport(tuple(ctx.decisions), closed, after, tuple(ctx.naming.loops))
 
 
 def has_backward_pass(jaxpr) -> bool:
   """Whether `jaxpr` (or one nested in it) sums cotangents: `add_any` is what
   JAX's transposition emits, so a program with it contains a backward pass."""
   return any(eqn.primitive.name == 'add_any' or any(has_backward_pass(sub) for sub in _compat.subjaxprs(eqn))
-             for eqn in jaxpr.eqns)
-
-
-def count_scans(jaxpr) -> int:
-  """The scans of `jaxpr` and of the jaxprs nested in it."""
-  return sum((eqn.primitive.name == 'scan') + sum(count_scans(sub) for sub in _compat.subjaxprs(eqn))
              for eqn in jaxpr.eqns)

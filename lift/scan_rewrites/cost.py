@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from lift import _compat
+from lift.scan_rewrites import names
 
 MAX_ROWS_PER_STEP = 16
 
@@ -40,16 +41,44 @@ def batching_pays(eqn, per_step: set, differentiated: bool) -> tuple[bool, str]:
   if rows is None:
     return False, f'{eqn.primitive.name} gains nothing from batching'
   if not differentiated:
-    return False, (f'matrix product on {rows} rows per step, not differentiated (batching '
-                   'pays in the backward pass)')
+    return False, (f'a product on {rows} rows per step, not differentiated (batching pays '
+                   'in the backward pass)')
   if rows <= MAX_ROWS_PER_STEP:
-    return True, f'matrix product on {rows} rows per step'
-  return False, f'matrix product on {rows} rows per step (> {MAX_ROWS_PER_STEP}: already efficient)'
+    return True, f'a product on {rows} rows per step (<= {MAX_ROWS_PER_STEP}) in a training program'
+  return False, f'a product on {rows} rows per step (> {MAX_ROWS_PER_STEP}: already efficient)'
 
 
 def decide(ctx, rewrite: str, loop, eqn, per_step: set) -> bool:
-  """`batching_pays` for `eqn` in `loop`, its decision recorded for `explain_scans`."""
+  """`batching_pays` for `eqn` in `loop`. A matrix product left in the loop is
+  recorded for `explain_scans`; the rewrite records what it moves."""
   pays, why = batching_pays(eqn, per_step, ctx.differentiated)
-  if eqn.primitive.name == 'dot_general':
-    ctx.record(rewrite, loop.where(), pays, why)
+  if eqn.primitive.name == 'dot_general' and not pays:
+    ctx.record(rewrite, loop, False, f'{product(ctx, loop, eqn)} stays in the loop: {why}')
   return pays
+
+
+def product(ctx, loop, eqn) -> str:
+  """A body's matrix product by what its operands hold: ``x @ params/w``."""
+  body = ctx.naming.body(loop.eqn)
+  return ' @ '.join(names.operand(body, v) for v in eqn.invars)
+
+
+def batched(ctx, loop, eqns, per_step: set) -> str:
+  """What the equations `eqns` moved out of `loop` are, and why they were
+  moved: ``x @ params/w: a product on 4 rows per step ...``."""
+  dots = [e for e in eqns if e.primitive.name == 'dot_general']
+  number = ctx.naming.loop(loop.eqn).number
+  inner = [ctx.naming.nested({number}, e, ctx.naming.loop(loop.eqn).role) for e in eqns
+           if e.primitive.name == 'scan']
+  others = sorted({e.primitive.name for e in eqns if e.primitive.name not in ('dot_general', 'scan')})
+  what = ', '.join([product(ctx, loop, e) for e in dots] +
+                   [f'loop {i.number}' if i else 'a nested loop' for i in inner] +
+                   ([f'{", ".join(others)} equation(s)'] if others else []))
+  if not ctx.cost_model:
+    return f'{what}: named in `rewrites`'
+  verdicts = [batching_pays(e, per_step, ctx.differentiated) for e in dots]
+  if not all(pays for pays, _ in verdicts):
+    return f'{what}: {"; ".join(dict.fromkeys(why for _, why in verdicts))}'
+  rows = ' or '.join(str(r) for r in sorted({rows_per_step(e, per_step) or 0 for e in dots}))
+  each = 'each ' if len(dots) > 1 else ''
+  return f'{what}: {each}a product on {rows} rows per step (<= {MAX_ROWS_PER_STEP}) in a training program'

@@ -54,8 +54,8 @@ def _pair(eqns, ctx):
       if reads_a or any(eqns[i].effects for i in deps):
         continue
       if ctx.cost_model and not _shares_input(eqns[a], eqns[b]):
-        ctx.record(NAME, Loop(eqns[b]).where(), False,
-                   f'shares no input with the loop at {Loop(eqns[a]).where()}')
+        ctx.record(NAME, Loop(eqns[b]), False, f'could merge with loop {_number(ctx, eqns[a])} but '
+                   'shares no input with it: there is no common work to do once')
         continue
       return a, b, deps
   return None
@@ -87,10 +87,16 @@ def merge(closed, ctx):
     a, b, deps = pair
     eqns = closed.jaxpr.eqns
     first, second = Loop(eqns[a]), Loop(eqns[b])
-    ctx.record(NAME, first.where(), True, f'merged with the loop at {second.where()}')
+    ctx.record(NAME, first, True, f'merged with loop {_number(ctx, second.eqn)} ({second.where()}): '
+               f'the same {first.length} steps, and it reads nothing this loop computes')
     order = ([program.equation_step(e) for e in eqns[:a]] +
              [program.equation_step(eqns[i]) for i in deps] + [_merged_step(first, second)] +
              [program.equation_step(eqns[i]) for i in range(a + 1, b) if i not in deps] +
              [program.equation_step(e) for e in eqns[b + 1:]])
     closed, changed = program.retrace(closed, order), True
+    ctx.naming.look_at(closed)
   return closed if changed else None
+
+
+def _number(ctx, eqn) -> int:
+  return ctx.naming.loop(eqn).number

@@ -85,9 +85,7 @@ def _rewrite_loop(loop, outer, ctx):
   merged = sum(r != i for i, r in enumerate(rep_in)) + sum(r != j for j, r in enumerate(rep_y))
   if not merged and not any(fixed) and not through:
     return None
-  ctx.record(NAME, loop.where(), True,
-             f'{merged} duplicate input(s)/output(s) merged, {sum(fixed)} carried constant(s), '
-             f'{len(through)} passed-through sequence(s)')
+  ctx.record(NAME, loop, True, _detail(ctx, loop, rep_in, rep_y, fixed, through))
   keep_in = [r == i and not (n_c <= i < n_c + n_k and fixed[i - n_c]) for i, r in enumerate(rep_in)]
   keep_y = [r == j and j not in through for j, r in enumerate(rep_y)]
   carry_keep = keep_in[n_c:n_c + n_k]
@@ -113,3 +111,19 @@ def _rewrite_loop(loop, outer, ctx):
     stacked = [x_vals[through[j]] if j in through else ys_by[rep_y[j]] for j in range(len(ys_out))]
     return finals + stacked
   return program.Step(loop.eqn.invars, loop.eqn.outvars, run, loop.eqn)
+
+
+def _input(loop, i: int) -> tuple[str, int]:
+  """(kind, index) of the loop's flat input `i`."""
+  n_c, n_k = loop.counts
+  return ('constant', i) if i < n_c else ('carry', i - n_c) if i < n_c + n_k else ('sequence', i - n_c - n_k)
+
+
+def _detail(ctx, loop, rep_in, rep_y, fixed, through) -> str:
+  """Which inputs and outputs became one, by name."""
+  name = lambda kind, i: ctx.describe(loop, kind, i)
+  parts = [f'{name(*_input(loop, i))} is {name(*_input(loop, r))}' for i, r in enumerate(rep_in) if r != i]
+  parts += [f'{name("output", j)} is {name("output", r)}' for j, r in enumerate(rep_y) if r != j]
+  parts += [f'{name("carry", k)} never changes: its initial value' for k, f in enumerate(fixed) if f]
+  parts += [f'{name("output", j)} is {name("sequence", x)}, passed through' for j, x in through.items()]
+  return 'merged inputs and outputs that hold the same values: ' + '; '.join(parts)

@@ -37,26 +37,29 @@ def per_loop(closed, ctx: Context, rewrite_loop: Callable) -> object | None:
   return program.retrace(closed, steps) if changed else None
 
 
-def optimize_jaxpr(closed, names: Sequence[str], ctx: Context):
+def optimize_jaxpr(closed, names: Sequence[str], ctx: Context, within=None):
   """`closed` with the named rewrites applied inside out: nested jaxprs first,
-  then this one's loops, repeated until nothing changes."""
-  closed = _optimize_nested(closed, names, ctx)
-  for _ in range(MAX_ROUNDS):
-    changed = False
-    for name in REWRITES:
-      if name in names:
-        new = REWRITES[name](closed, ctx)
-        if new is not None:
-          closed, changed = new, True
-    if not changed:
-      break
+  then this one's loops, repeated until nothing changes. `within` is the
+  equation `closed` is nested in (None for the traced function's jaxpr)."""
+  with ctx.naming.level(closed, within):
+    closed = _optimize_nested(closed, names, ctx)
+    for _ in range(MAX_ROUNDS):
+      changed = False
+      for name in REWRITES:
+        if name in names:
+          ctx.naming.look_at(closed)
+          new = REWRITES[name](closed, ctx)
+          if new is not None:
+            closed, changed = new, True
+      if not changed:
+        break
   return closed
 
 
 def _optimize_nested(closed, names, ctx):
   steps, changed = [], False
   for eqn in closed.jaxpr.eqns:
-    params = {k: _optimize_param(v, names, ctx) for k, v in eqn.params.items()}
+    params = {k: _optimize_param(v, names, ctx, eqn) for k, v in eqn.params.items()}
     if all(params[k] is v for k, v in eqn.params.items()):
       steps.append(program.equation_step(eqn))
       continue
@@ -66,16 +69,16 @@ def _optimize_nested(closed, names, ctx):
   return program.retrace(closed, steps) if changed else closed
 
 
-def _optimize_param(value, names, ctx):
+def _optimize_param(value, names, ctx, eqn):
   if isinstance(value, _compat.ClosedJaxpr):
-    new = optimize_jaxpr(value, names, ctx)
+    new = optimize_jaxpr(value, names, ctx, eqn)
     return value if new is value else new
   if isinstance(value, _compat.Jaxpr):  # open jaxprs (checkpoint, shard_map) take no constants
-    new = optimize_jaxpr(_compat.ClosedJaxpr(value, []), names, ctx)
+    new = optimize_jaxpr(_compat.ClosedJaxpr(value, []), names, ctx, eqn)
     return new.jaxpr if new.jaxpr is not value and not new.consts else value
   if isinstance(value, tuple) and value and all(
       isinstance(v, (_compat.ClosedJaxpr, _compat.Jaxpr)) for v in value):
-    new = tuple(_optimize_param(v, names, ctx) for v in value)
+    new = tuple(_optimize_param(v, names, ctx, eqn) for v in value)
     return value if all(a is b for a, b in zip(new, value)) else new
   return value
 

@@ -101,8 +101,19 @@ def _pays(loop, ctx, acc: Accumulator, free: set) -> bool:
     pays = all(v in free for v, s in zip(acc.core.invars, acc.stacked) if s)
     why = 'of values the loop does not stack'
   if not pays:
-    ctx.record(NAME, loop.where(), False, f'carry {acc.index} sums a {acc.core.primitive.name} {why}')
+    ctx.record(NAME, loop, False, f'{ctx.describe(loop, "carry", acc.index)} stays a per-step sum: '
+               f'it sums a {acc.core.primitive.name} {why}')
   return pays
+
+
+def _why(acc: Accumulator) -> str:
+  if acc.core.primitive.name == 'dot_general':
+    return f'sums a dot_general over {_rows(acc)} rows per step (<= {cost.MAX_ROWS_PER_STEP})'
+  return 'sums a reduce_sum of per-step values'
+
+
+def _one(acc: Accumulator) -> str:
+  return 'contraction' if acc.core.primitive.name == 'dot_general' else 'sum'
 
 
 def _summed(core, operands, stacked):
@@ -129,10 +140,15 @@ def _rewrite_loop(loop, outer, ctx):
   per_step = tainted(loop, set(carries) | set(xs))
   free = set(xs) | program.variables(loop.split_outputs(body.outvars)[1])
   candidates = [_accumulator(loop, k, readers, producer, per_step) for k in range(len(carries))]
-  found = [a for a in candidates if a is not None and (not ctx.cost_model or _pays(loop, ctx, a, free))]
-  for a in found:
-    ctx.record(NAME, loop.where(), True, f'carry {a.index} sums a {a.core.primitive.name} over '
-               f'{_rows(a)} rows per step: one contraction over {loop.length} steps instead')
+  found: list[Accumulator] = []
+  stacked = set(free)  # what the loop returns stacked: the moved products' operands are too
+  for core in ('dot_general', 'reduce_sum'):
+    found += [a for a in candidates if a is not None and a.core.primitive.name == core
+              and (not ctx.cost_model or _pays(loop, ctx, a, stacked))]
+    stacked |= {v for a in found for v, s in zip(a.core.invars, a.stacked) if s}
+  for a in sorted(found, key=lambda a: a.index):
+    ctx.record(NAME, loop, True, f'{ctx.describe(loop, "carry", a.index)} {_why(a)}: now one {_one(a)} '
+               f'over the {loop.length} steps, after the loop', moved=len(a.chain) + 2)
   return _step(loop, found, free) if found else None
 
 

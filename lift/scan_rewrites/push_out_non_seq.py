@@ -10,6 +10,7 @@ out they become arrays the loop reads every step.
 """
 from __future__ import annotations
 
+from lift import _compat
 from lift.scan_rewrites.hoist import hoisted
 from lift.scan_rewrites.loop import available, closure_of
 from lift.scan_rewrites.passes import per_loop
@@ -30,14 +31,23 @@ def _rewrite_loop(loop, outer, ctx):
   if ctx.cost_model and any(movable):
     work = [m and e.primitive.name not in LAYOUT for e, m in zip(loop.body.jaxpr.eqns, movable)]
     if not any(work):
-      ctx.record(NAME, loop.where(), False, 'only layout equations (broadcasts, reshapes) are '
-                 'invariant: they are free inside the loop')
+      ctx.record(NAME, loop, False, 'only layout equations (broadcasts, reshapes) read only '
+                 'constants: they are free inside the loop')
     movable = closure_of(loop, movable, work)
   if not any(movable):
     return None
   step = hoisted(loop, movable, movable, per_step=False)
   if step is not None:
-    names = sorted({e.primitive.name for e, m in zip(loop.body.jaxpr.eqns, movable) if m})
-    ctx.record(NAME, loop.where(), True,
-               f'{sum(movable)} loop-invariant equation(s) computed once ({", ".join(names)})')
+    ctx.record(NAME, loop, True, _detail(ctx, loop, movable), moved=sum(movable))
   return step
+
+
+def _detail(ctx, loop, movable) -> str:
+  """What moved: the equations and the constants they read."""
+  eqns = [e for e, m in zip(loop.body.jaxpr.eqns, movable) if m]
+  prims = sorted({e.primitive.name for e in eqns})
+  consts = loop.split_inputs(loop.body.jaxpr.invars)[0]
+  read = {v for e in eqns for v in e.invars if isinstance(v, _compat.Var)}
+  named = [ctx.describe(loop, 'constant', i) for i, v in enumerate(consts) if v in read]
+  return (f'{len(eqns)} equation(s) ({", ".join(prims)}) computed once before the loop instead of '
+          f'at each of the {loop.length} steps: they read only {", ".join(named) or "values fixed before the loop"}')

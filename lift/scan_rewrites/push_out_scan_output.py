@@ -61,7 +61,6 @@ def _moved(loop, ctx, tail, per_step) -> list[bool]:
   return moved
 
 
-
 def _rewrite_loop(loop, outer, ctx):
   body = loop.body.jaxpr
   consts, carries, xs = loop.split_inputs(body.invars)
@@ -78,10 +77,10 @@ def _rewrite_loop(loop, outer, ctx):
       if isinstance(v, _compat.Var) and v not in defined and v not in const_set and v not in xs_set))
   ys_out = loop.split_outputs(body.outvars)[1]
   stays = [not (isinstance(v, _compat.Var) and v in defined) for v in ys_out]
-  names = sorted({e.primitive.name for e in moved_eqns})
-  ctx.record(NAME, loop.where(), True,
-             f'{len(moved_eqns)} equation(s) batched over {loop.length} steps after the loop '
-             f'({", ".join(names)}); the loop returns {len(exports)} value(s) instead')
+  ctx.record(NAME, loop, True,
+             f'{len(moved_eqns)} equation(s) batched over the {loop.length} steps, after the loop '
+             f'(the loop returns {len(exports)} value(s) they read instead): '
+             f'{cost.batched(ctx, loop, moved_eqns, per_step)}', moved=len(moved_eqns))
 
   def after(c_vals, x_vals, e_vals):
     env: dict = {}

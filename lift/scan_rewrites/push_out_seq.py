@@ -43,7 +43,7 @@ def _rewrite_loop(loop, outer, ctx):
   removed = [o and s for o, s in zip(outside, seq)]
   step = hoisted(loop, outside, removed, per_step=True)
   if step is not None:
-    names = sorted({e.primitive.name for e, m in zip(body.eqns, removed) if m})
-    ctx.record(NAME, loop.where(), True,
-               f'{sum(removed)} equation(s) batched over {loop.length} steps ({", ".join(names)})')
+    moved = [e for e, m in zip(body.eqns, removed) if m]
+    ctx.record(NAME, loop, True, f'{len(moved)} equation(s) batched over the {loop.length} steps, '
+               f'before the loop: {cost.batched(ctx, loop, moved, per_step)}', moved=len(moved))
   return step

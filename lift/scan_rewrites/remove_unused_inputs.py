@@ -54,14 +54,12 @@ def _rewrite_loop(loop, outer, ctx):
   folded = [v in read and _constant_scalar(a, outer) is not None for v, a in zip(consts, outer_consts)]
   keep_const = [v in read and not f for v, f in zip(consts, folded)]
   keep_x = [v in read for v in xs]
-  dropped = {'constants': keep_const.count(False) - sum(folded), 'sequences': keep_x.count(False),
-             'carries': keep_c.count(False), 'outputs': keep_y.count(False)}
-  if not any(dropped.values()) and not any(folded) and all(live):
+  dropped = {'constant': [not k and not f for k, f in zip(keep_const, folded)],
+             'sequence': [not k for k in keep_x], 'carry': [not k for k in keep_c],
+             'output': [not k for k in keep_y]}
+  if not any(any(d) for d in dropped.values()) and not any(folded) and all(live):
     return None
-  detail = ', '.join(f'{n} unused {k}' for k, n in dropped.items() if n) or 'dead equations'
-  if any(folded):
-    detail += f'; {sum(folded)} constant scalar(s) folded in'
-  ctx.record(NAME, loop.where(), True, 'dropped ' + detail)
+  ctx.record(NAME, loop, True, _detail(ctx, loop, dropped, folded, live))
   live_eqns = [e for e, on in zip(body.eqns, live) if on]
   pick = lambda seq, keep: [x for x, k in zip(seq, keep) if k]
 
@@ -88,3 +86,15 @@ def _rewrite_loop(loop, outer, ctx):
     return ([next(final_it) if k else None for k in keep_c] +
             [next(ys_it) if k else None for k in keep_y])
   return program.Step(loop.eqn.invars, loop.eqn.outvars, run, loop.eqn)
+
+
+def _detail(ctx, loop, dropped: dict, folded: list, live: list) -> str:
+  """What was dropped, by name, and why."""
+  items = [ctx.describe(loop, kind, i) for kind, gone in dropped.items() for i, g in enumerate(gone) if g]
+  parts = [f'dropped what nothing reads: {", ".join(items)}'] if items else []
+  if not all(live):
+    parts.append(f'dropped {live.count(False)} equation(s) whose results nothing reads')
+  if any(folded):
+    parts.append(f'folded in {sum(folded)} constant scalar(s) known when tracing: '
+                 + ', '.join(ctx.describe(loop, 'constant', i) for i, f in enumerate(folded) if f))
+  return '; '.join(parts)

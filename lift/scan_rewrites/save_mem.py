@@ -100,8 +100,8 @@ def save_mem(closed, ctx):
       window = _window(var, outer, eqns)
       if window is not None and window[1] - window[0] < loop.length:
         windows[j] = window
-        ctx.record(NAME, loop.where(), True,
-                   f'stacked output {j} keeps steps [{window[0]}, {window[1]}) of {loop.length}')
+        ctx.record(NAME, loop, True, f'{ctx.describe(loop, "output", j)} keeps only steps '
+                   f'[{window[0]}, {window[1]}) of {loop.length}, all that is read of it')
     if windows:
       changed = True
       steps[i] = _loop_step(loop, windows)

@@ -136,7 +136,7 @@ def test_push_out_dot1_sums_weight_gradients_after_the_backward_loop():
   # dW_x, dW_h, dW_o leave the loop; dh @ W_h^T and dy @ W_o^T stay
   assert (_dots(backward), _dots(loop)) == (5, 2)
   assert loop.params['num_carry'] == backward.params['num_carry'] - 3
-  assert 'carry 0 sums a dot_general over 2 rows' in str(report)
+  assert 'carry 0 f32[3,4] (gradient of a[0]) sums a dot_general over 2 rows' in str(report)
   check_same(_GRAD, RNN_ARGS, rewrites=['push_out_dot1'])
 
 
@@ -168,7 +168,7 @@ def test_push_out_dot1_sums_a_reduce_sum_after_the_loop():
   def f(xs):
     return lax.scan(lambda acc, x: (acc + jnp.sum(jnp.tanh(x), 0), x * 2.0), jnp.ones(I), xs)
   (loop,), report = optimized_scans(f, XS, rewrites=['push_out_dot1'])
-  assert loop.params['num_carry'] == 0 and 'carry 0 sums a reduce_sum' in str(report)
+  assert loop.params['num_carry'] == 0 and 'carry 0 f32[3] (output[0]) sums a reduce_sum' in str(report)
   check_same(f, (XS,), rewrites=['push_out_dot1'])
   (loop,), report = optimized_scans(f, XS, rewrites=None)   # tanh(x) is not stacked anyway
   assert loop.params['num_carry'] == 1 and 'of values the loop does not stack' in str(report)
