@@ -244,7 +244,6 @@ class Naming:
     self._tracebacks[info.number] = eqn.source_info.traceback
     return info
 
-
   def _forward(self, site: tuple, role: str) -> int | None:
     """The forward loop a derived loop comes from: the last one traced at
     `site` (for a backward loop, not yet paired; else, under `jax.checkpoint`,
