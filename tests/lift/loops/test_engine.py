@@ -199,7 +199,7 @@ def test_plan_blocks_covers_every_step_with_sqrt_2n_carries():
   assert loops.plan_blocks(13, 1) == loops.BlockPlan((13,))
 
 
-@pytest.mark.parametrize("steps", [1, 2, 3, 6, 11, 13, 22])
+@pytest.mark.parametrize("steps", [1, 2, 3, 6, 13])
 def test_nested_is_lax_scan_of_jax_checkpoint_for_every_block_count(steps):
   init, xs = inputs(steps)
   checkpointed = lambda f, c, x, remat, reverse, unroll: lax.scan(jax.checkpoint(f), c, x,

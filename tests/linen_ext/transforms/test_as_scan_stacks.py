@@ -100,8 +100,9 @@ def check_model(kind, dtype):
   check_scan(g, TOKENS.T, prefill=[3], rtol=bound, atol=bound)
 
 
-@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16], ids=['float32', 'bfloat16'])
-@pytest.mark.parametrize('kind', KINDS)
+@pytest.mark.parametrize('kind, dtype', [(kind, jnp.float32) for kind in KINDS] + [
+    (kind, jnp.bfloat16) for kind in ('Stacked', 'nn.scan')],
+    ids=lambda v: v if isinstance(v, str) else jnp.dtype(v).name)
 def test_a_mask_and_positions_passed_to_every_layer_convert(kind, dtype):
   check_model(kind, dtype)
 
