@@ -278,6 +278,24 @@ def _validated(filters: Sequence[Filter], kind: str, name: str | None) -> tuple[
   return tuple(validate_filter(f, where) for f in filters)
 
 
+def _run(fn: Callable[..., Any], lifted: LiftedScopes, spec: PackSpec, args, kwargs) -> Any:
+  """``fn`` on the groups of ``lifted``; a collection or stream its filters leave out is
+  explained, and the scopes it made are invalid after it returns."""
+  variable_groups, rng_groups = filter_groups(lifted.roots, spec)
+  created: list[weakref.ref[Scope]] = []
+  scope_fn = functools.partial(reconstruct, lifted, spec, created)
+  repack_fn = functools.partial(repack, lifted, spec)
+  try:
+    return fn(scope_fn, repack_fn, variable_groups, rng_groups, *args, **kwargs)
+  except (errors.UnliftedCollectionError, errors.UnknownRngError) as error:
+    explained = _explain_left_out(error, lifted.roots, spec)
+    if explained is None:
+      raise
+    raise explained.with_traceback(error.__traceback__) from None  # keeps the user's line
+  finally:
+    _invalidate_alive(created)
+
+
 def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
          out_variable_filters: Sequence[Filter], rng_filters: Sequence[Filter],
          name: str | None = None, enable_kwargs: bool = True) -> Callable[..., Any]:
@@ -319,19 +337,7 @@ def pack(fn: Callable[..., Any], in_variable_filters: Sequence[Filter],
     if kwargs and not enable_kwargs:
       raise errors.TransformArgumentError(_NO_KWARGS.format(name=name, names=sorted(kwargs)))
     lifted = dedup_scopes(scope_tree, name)
-    variable_groups, rng_groups = filter_groups(lifted.roots, spec)
-    created: list[weakref.ref[Scope]] = []
-    scope_fn = functools.partial(reconstruct, lifted, spec, created)
-    repack_fn = functools.partial(repack, lifted, spec)
-    try:
-      result = fn(scope_fn, repack_fn, variable_groups, rng_groups, *args, **kwargs)
-    except (errors.UnliftedCollectionError, errors.UnknownRngError) as error:
-      explained = _explain_left_out(error, lifted.roots, spec)
-      if explained is None:
-        raise
-      raise explained.with_traceback(error.__traceback__) from None  # keeps the user's line
-    finally:
-      _invalidate_alive(created)
+    result = _run(fn, lifted, spec, args, kwargs)
     if not (isinstance(result, (tuple, list)) and len(result) == 2):
       raise errors.PackProtocolError(_NOT_A_PAIR.format(name=name or 'pack',
                                                         got=type(result).__name__))

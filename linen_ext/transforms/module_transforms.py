@@ -281,9 +281,9 @@ def vmap(target: Target, variable_axes: Mapping[Filter, int | None] = {},  # noq
          methods: Any = None) -> Target:
   """Vectorises a Module class or method (``lift.vmap`` on its scopes).
 
-  Keyword arguments of the call reach every item unmapped (with no positional
-  argument mapped, ``axis_size`` must say so). Not for a batch
-  axis over shared weights: layers broadcast over leading axes already.
+  Keyword arguments of the call reach every item unmapped (with no positional argument
+  mapped, ``axis_size`` must say so). Not for a batch axis over shared weights: layers
+  broadcast over leading axes already.
 
   Examples:
     >>> Ensemble = nn.vmap(nn.Dense, variable_axes={'params': 0}, split_rngs={'params': True})
