@@ -6,9 +6,10 @@
 ...   return x @ kernel
 >>> y, variables = lift.init(dense)(jax.random.key(0), jax.numpy.ones((2, 3)), 4)
 """
+import importlib as _importlib
+import typing as _typing
+
 from lift import _compat, errors, loops
-from lift.causal import (Generated, Sampling, as_scan, as_scan_with_prefill,
-                         causal_self_attention, custom_causal, generate, register_scan_rule)
 from lift.errors import (CacheLengthError, DecodeArgumentError, InvalidScopeError, LiftError,
                          ModelLengthError, ScanRewriteError, ScanConversionError)
 from lift.filters import (CollectionFilter, DenyList, Filter, PRNGSequenceFilter,
@@ -21,7 +22,6 @@ from lift.scope import Scope, Variable
 from lift.remat_scan import remat_scan
 from lift.axes import broadcast
 from lift.scan import scan
-from lift.scan_rewrites import ScanReport, explain_scans, optimize_scans
 from lift.vmap import In, Out, vmap
 from lift.shard_map import shard_map
 from lift.autodiff import custom_vjp, jvp, value_and_grad, vjp
@@ -30,5 +30,35 @@ from lift.control_flow import cond, switch, while_loop
 from lift.fold_rngs import fold_rngs
 from lift.jit import jit
 from lift.map_variables import map_variables, swap_collection
+
+if _typing.TYPE_CHECKING:  # loaded on first use, below; named here for type checkers and the API pages
+  from lift.causal import (as_scan, as_scan_with_prefill, causal_self_attention, custom_causal,
+                           register_scan_rule)
+  from lift.causal.generate import Generated, Sampling, generate
+  from lift.scan_rewrites import ScanReport, explain_scans, optimize_scans
+
+# Decoding (`as_scan`, `generate`: the causal rules) and the scan rewrites (their passes)
+# load on first use, so `import lift` pays only for the scopes and the transforms.
+_LAZY = {
+    **{name: 'lift.causal' for name in (
+        'Generated', 'Sampling', 'as_scan', 'as_scan_with_prefill', 'causal_self_attention',
+        'custom_causal', 'generate', 'register_scan_rule')},
+    **{name: 'lift.scan_rewrites' for name in ('ScanReport', 'explain_scans', 'optimize_scans')},
+}
+
+
+def __getattr__(name: str):
+  if name in ('causal', 'scan_rewrites'):
+    return _importlib.import_module(f'lift.{name}')
+  if name in _LAZY:
+    value = getattr(_importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(_LAZY) | {'causal', 'scan_rewrites'})
+
 
 _compat.hide_from_tracebacks(__file__)

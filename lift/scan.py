@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
@@ -36,7 +37,6 @@ from lift.metadata import add_group_axes, move_axis, remove_group_axes
 from lift.pack import pack
 from lift.rng import RngCounters
 from lift.scope import Scope
-from lift.scan_rewrites import check_optimize
 from lift.axes import (MappedAxes, broadcast, is_unmapped, MappedLeaf, check_axis_leaves, check_size,
                        check_split_rngs, check_variable_axes, infer_axis_size,
                        leaf_axes, leaf_axis_size, mapped_arguments,
@@ -473,7 +473,8 @@ def scan(fn: Callable[..., Any], variable_axes: Mapping[Filter, int] = {},  # no
                              hint=', or variable_broadcast for collections shared by every step')
   _, splits = check_split_rngs('scan', split_rngs)
   loops.resolve_remat(remat)
-  check_optimize(optimize)
+  if not isinstance(optimize, bool):  # rewrite names, checked by the rewrites (loaded on first use)
+    importlib.import_module('lift.scan_rewrites').check_optimize(optimize)
   config = ScanConfig(  # MappedAxes' fields, then the loop's
       axes, splits, check_axis_leaves('scan', 'in_axes', in_axes, is_unmapped, 'lift.broadcast'),
       check_axis_leaves('scan', 'out_axes', out_axes, is_unmapped, 'lift.broadcast'),

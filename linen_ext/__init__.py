@@ -28,9 +28,9 @@ from flax.linen import (avg_pool, combine_masks, dot_product_attention,
 from flax.linen import meta
 
 import importlib as _importlib
+import typing as _typing
 
 from lift import tracing as _tracing
-from lift.causal import causal_self_attention
 from lift.filters import DenyList
 from lift.axes import broadcast
 from lift.scope import Scope, Variable
@@ -62,8 +62,14 @@ from linen_ext.transforms import (add_metadata_axis, as_scan, checkpoint, cond, 
                                   remat, remat_scan, scan, shard_map, switch, value_and_grad,
                                   vjp, vmap, while_loop)
 
+if _typing.TYPE_CHECKING:  # loaded on first use, below; named here for type checkers and the API pages
+  from lift.causal import causal_self_attention
+  from linen_ext import scale
+  from linen_ext.scale import compile_train_step, plan, tpu_topology
+
 # At-scale compilation and planning (linen_ext.scale) import optax and, for TPU targets,
-# libtpu: loaded on first use, so `import linen_ext` does not pay for them.
+# libtpu; the causal attention brings `lift.causal`'s rules: loaded on first use, so
+# `import linen_ext` does not pay for them.
 _SCALE_NAMES = ('scale', 'plan', 'compile_train_step', 'tpu_topology')
 
 
@@ -71,7 +77,13 @@ def __getattr__(name: str):
   if name in _SCALE_NAMES:
     scale = _importlib.import_module('linen_ext.scale')
     return scale if name == 'scale' else getattr(scale, name)
+  if name == 'causal_self_attention':
+    return _importlib.import_module('lift.causal').causal_self_attention
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(_SCALE_NAMES) | {'causal_self_attention'})
 
 
 _tracing.hide_from_tracebacks(__file__)

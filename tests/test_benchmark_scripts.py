@@ -73,3 +73,13 @@ def test_scan_rewrites_prints_its_tables():
   rows = [line for line in run.stdout.splitlines() if line.startswith(('| lstm', '| gru'))]
   assert len(rows) == 2 and 'rewritten, step rewritten' in rows[0], run.stdout
   assert 'while loops in the compiled program 2 -> 1' in run.stdout, run.stdout
+
+
+def test_import_time_prints_each_import_over_flax():
+  run = subprocess.run([sys.executable, str(BENCHMARKS / 'import_time.py'), '--rounds', '1'],
+                       capture_output=True, text=True, check=False)
+  assert run.returncode == 0, run.stdout + run.stderr
+  rows = [line.rstrip(' |').split(' | ') for line in run.stdout.splitlines() if line.startswith('| `')]
+  assert [row[0] for row in rows] == ['| `from flax import linen`', '| `import flax.errors (floor)`',
+                                      '| `import lift`', '| `import linen_ext`'], run.stdout
+  assert rows[0][2] == '1.00x' and float(rows[2][3]) > 0 and float(rows[1][3]) == 0, run.stdout

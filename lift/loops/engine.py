@@ -6,6 +6,7 @@ Every loop (curried scan/fold/map, taps, the lifted scan, layer stacks) calls
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,6 @@ from lift.errors import RematPolicyError, ScanLengthError
 from lift.loops import _messages
 from lift.loops.nested import nested_scan, plan_blocks
 from lift.loops.policies import Remat, checkpoint_step, on_this_backend, resolve_remat
-from lift.scan_rewrites import optimize_scans
 
 
 def scan_length(xs: Any, length: int | None = None) -> int:
@@ -86,7 +86,8 @@ def run_scan(body: Callable[[Any, Any], tuple[Any, Any]], init: Any, xs: Any, *,
     rewrites = None if optimize is True else optimize
     loop = functools.partial(run_scan, body, length=length, reverse=reverse, unroll=unroll,
                              remat=remat, split_transpose=split_transpose)
-    return optimize_scans(loop, rewrites=rewrites)(init, xs)
+    rewriting = importlib.import_module('lift.scan_rewrites')  # loaded by the loops that ask
+    return rewriting.optimize_scans(loop, rewrites=rewrites)(init, xs)
   policy = resolve_remat(remat)
   steps = scan_length(xs, length)
   options: dict[str, Any] = dict(length=steps, reverse=reverse, unroll=unroll,

@@ -8,16 +8,18 @@ moving the time axis (Flax models usually take `[batch, length, ...]`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 
 import lift
-from lift.causal import ScanCarry
 from linen_ext import errors
 
 from linen_ext.module.core import Module
+
+if TYPE_CHECKING:  # `lift.causal` loads on the first `as_scan`
+  from lift.causal import ScanCarry
 
 
 def _time_first(module: Any, variables: Any, method: Any, time_axis: int,
