@@ -10,7 +10,7 @@ module runs Flax's package `__init__`, which imports all of `flax.linen`. The la
 column is the import's own modules' time (`python -X importtime`, self times of
 `lift.*` and `linen_ext.*`).
 
-    python examples/benchmarks/import_time.py                # 9 rounds, about a minute
+    python examples/benchmarks/import_time.py                # 9 rounds, about two minutes
     python examples/benchmarks/import_time.py --rounds 1
 """
 from __future__ import annotations
