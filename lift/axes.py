@@ -272,6 +272,21 @@ def _sizes_detail(by_size: dict[int, list[str]], limit: int = 8) -> str:
   return '\n'.join(lines)
 
 
+def check_keyword_arrays(kwargs: dict, arguments: list[MappedLeaf], size: int | None,
+                         message: str, **names: str) -> None:
+  """Keyword arrays while no positional argument is mapped and no size is given: a mapping
+  meant, though keyword arguments reach every item whole (`AxisSizeError` with ``message``)."""
+  if arguments or size is not None:
+    return
+  flat = jax.tree_util.tree_flatten_with_path(kwargs)[0]
+  arrays = [(path, leaf) for path, leaf in flat if np.ndim(leaf) >= 1]
+  if arrays:
+    keywords = ', '.join(f'keyword argument {path[0].key}{jax.tree_util.keystr(path[1:])} '
+                         f'of shape {np.shape(leaf)}' for path, leaf in arrays)
+    raise errors.AxisSizeError(message.format(keywords=keywords, first=arrays[0][0][0].key,
+                                              **names))
+
+
 def infer_axis_size(transform: str, size_argument: str, leaves: Sequence[MappedLeaf],
                     given: int | None, axis_argument: str = 'in_axes') -> int:
   """The one size of every mapped leaf's axis (and of ``given``, if not None)."""

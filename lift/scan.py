@@ -37,8 +37,8 @@ from lift.metadata import add_group_axes, move_axis, remove_group_axes
 from lift.pack import pack
 from lift.rng import RngCounters
 from lift.scope import Scope
-from lift.axes import (MappedAxes, broadcast, is_unmapped, MappedLeaf, check_axis_leaves, check_size,
-                       check_split_rngs, check_variable_axes, infer_axis_size,
+from lift.axes import (MappedAxes, broadcast, is_unmapped, MappedLeaf, check_axis_leaves,
+                       check_keyword_arrays, check_size, check_split_rngs, check_variable_axes, infer_axis_size,
                        leaf_axes, leaf_axis_size, mapped_arguments,
                        mapped_variables, path_text, split_rng_groups)
 
@@ -52,6 +52,13 @@ _CARRY_CHANGED = (
     'carry keeps one structure, shape and dtype from step to step. Fix: return a '
     'carry like the one received (cast or reshape it), and put values that grow '
     'or change shape in ys.')
+_KEYWORDS_UNSCANNED = (
+    '{transform}: no argument after the carry is scanned, and keyword arguments never are: '
+    'they reach every step whole ({keywords}). The length of the loop would come from the '
+    'variables alone (at init there are none yet), and every step would compute on the '
+    'whole {first!r}, not on its slice. Fix: pass {first!r} positionally after the carry to '
+    'scan it along in_axes, e.g. model(carry, xs); if every step should get it whole, say '
+    'so with length=N.')
 _DEPENDS_ON_LOOP = (
     '{name}: these values are loop-invariant (a broadcast variable, or an output '
     'with out_axes=lift.broadcast) but depend on the carry, on the scanned '
@@ -371,15 +378,16 @@ def _place_ys(scanned: Any, invariant: Any, out_axes: Any) -> Any:
   return treedef.unflatten(placed)
 
 
-def _scanned_inputs(fn, config: ScanConfig, variable_groups, rng_groups, args):
+def _scanned_inputs(fn, config: ScanConfig, variable_groups, rng_groups, args, kwargs):
   """The variables, rngs and arguments that the loop slices, all moved to axis 0, and the length."""
   in_axes = cast(tuple[int, ...], config.variable_axes.in_axes)  # scan's axes are never None
   groups = remove_group_axes(variable_groups, in_axes, config.metadata_params)
   arg_axes = [None if is_unmapped(a) else a for a in leaf_axes(
       config.name, 'in_axes', config.in_axes, args, is_unmapped, 'scanned arguments')]
-  mapped = mapped_arguments(fn, args, arg_axes, skip=2) + mapped_variables(
-      groups, in_axes)
-  length = infer_axis_size(config.name, 'length', mapped, config.size)
+  arguments = mapped_arguments(fn, args, arg_axes, skip=2)
+  check_keyword_arrays(kwargs, arguments, config.size, _KEYWORDS_UNSCANNED, transform=config.name)
+  length = infer_axis_size(config.name, 'length', arguments + mapped_variables(groups, in_axes),
+                           config.size)
   rngs = split_rng_groups(rng_groups, config.rng_splits, length)
   xs = StepInputs(
       tuple(move_axis(g, a, 0) for g, a in zip(groups, in_axes)),
@@ -392,7 +400,7 @@ def _scanned_inputs(fn, config: ScanConfig, variable_groups, rng_groups, args):
 def _scan_groups(fn, config: ScanConfig, scope_fn, repack_fn, variable_groups,
                  rng_groups, init, *args, **kwargs):
   broadcast_variables, carry_variables, *scanned_groups = variable_groups
-  xs, arg_axes, length = _scanned_inputs(fn, config, scanned_groups, rng_groups, args)
+  xs, arg_axes, length = _scanned_inputs(fn, config, scanned_groups, rng_groups, args, kwargs)
   step = _Step(fn, config, scope_fn, repack_fn, broadcast_variables,
                tuple({} for _ in carry_variables), rng_groups, jax.tree.leaves(args),
                arg_axes, jax.tree.structure(args), kwargs, _CounterReplay(config.draw_once))

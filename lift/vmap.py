@@ -7,11 +7,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import numpy as np
 from flax.typing import In, Out
 
-from lift.axes import (MappedAxes, MappedLeaf, check_axis_leaves, check_size, check_split_rngs,
-                       check_variable_axes, infer_axis_size, leaf_axes, mapped_arguments,
+from lift.axes import (MappedAxes, check_axis_leaves, check_keyword_arrays, check_size,
+                       check_split_rngs, check_variable_axes, infer_axis_size, leaf_axes, mapped_arguments,
                        mapped_variables, split_rng_groups)
 from lift import errors
 from lift.filters import Filter
@@ -77,26 +76,13 @@ def _batched(body, config: _VmapConfig, size: int, out_variable_axes: Any) -> Ca
       axis_name=config.axis_name, spmd_axis_name=config.spmd_axis_name)
 
 
-def _check_keywords(kwargs: dict, arguments: list[MappedLeaf], size: int | None):
-  """Keyword arrays with no positional argument mapped and no axis_size: a mapping meant."""
-  if arguments or size is not None:
-    return
-  flat = jax.tree_util.tree_flatten_with_path(kwargs)[0]
-  arrays = [(path, leaf) for path, leaf in flat if np.ndim(leaf) >= 1]
-  if arrays:
-    keywords = ', '.join(f'keyword argument {path[0].key}{jax.tree_util.keystr(path[1:])} '
-                         f'of shape {np.shape(leaf)}' for path, leaf in arrays)
-    raise errors.AxisSizeError(_KEYWORDS_UNMAPPED.format(
-        keywords=keywords, first=arrays[0][0][0].key))
-
-
 def _vmap_groups(fn, config: _VmapConfig, scope_fn, repack_fn, variable_groups,
                  rng_groups, *args, **kwargs):
   in_axes, out_axes = config.variable_axes.in_axes, config.variable_axes.out_axes
   groups = remove_group_axes(variable_groups, in_axes, config.metadata_params)
   axes = leaf_axes('vmap', 'in_axes', config.in_axes, args, _is_none, 'positional arguments')
   arguments = mapped_arguments(fn, args, axes)
-  _check_keywords(kwargs, arguments, config.size)
+  check_keyword_arrays(kwargs, arguments, config.size, _KEYWORDS_UNMAPPED)
   size = infer_axis_size('vmap', 'axis_size', arguments + mapped_variables(groups, in_axes),
                          config.size)
   operands = (groups, split_rng_groups(rng_groups, config.rng_splits, size), args)

@@ -142,6 +142,20 @@ def _by_keyword(apply):
     ensemble.init(KEY, inputs=XS)
 
 
+def _scan_by_keyword(apply):
+  """The scanned inputs passed as ``x=``: broadcast to every step, at init or at apply."""
+  class Cell(nn.Module):
+    @nn.compact
+    def __call__(self, c, x):
+      return c + nn.Dense(3)(x), None
+
+  layer = nn.scan(Cell, **ENSEMBLE)()
+  if apply:
+    layer.apply(layer.init(KEY, X, XS), X, x=XS)
+  else:
+    layer.init(KEY, X, x=XS)
+
+
 def _scale_without_split_rngs(nn):
   class Scale(nn.Module):
     @nn.compact
@@ -261,6 +275,12 @@ BODIES = [
     case('nn.vmap given its input by keyword at apply', lambda: _by_keyword(apply=True),
          lift_errors.AxisSizeError, "keyword argument inputs of shape (3, 2, 3)",
          'every item would compute on the whole', 'axis_size=N'),
+    case('nn.scan given its scanned input by keyword at init', lambda: _scan_by_keyword(False),
+         lift_errors.AxisSizeError, "keyword argument x of shape (3, 2, 3)",
+         "pass 'x' positionally after the carry"),
+    case('nn.scan given its scanned input by keyword at apply', lambda: _scan_by_keyword(True),
+         lift_errors.AxisSizeError, "keyword argument x of shape (3, 2, 3)",
+         'every step would compute on the whole', 'length=N'),
     both('nn.vmap without split_rngs, the params key given', _scale_without_split_rngs,
          lift_errors.UnknownRngError, flax_errors.InvalidRngError,
          'the stream is given outside the lifted `vmap`', 'Fix: pass it in',
