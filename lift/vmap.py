@@ -35,6 +35,11 @@ _KEYWORDS_UNMAPPED = (
     'whole {first!r}, not on its slice. Fix: pass {first!r} positionally to map it along '
     'in_axes, e.g. model.init(key, x) and model.apply(variables, x) for a vmapped module; '
     'if every item should get it whole, say so with axis_size=N.')
+_BATCHED_OUTPUT = (
+    'vmap: out_axes={out_axes!r} marks an output as the same for every item (None), but it '
+    'depends on the mapped axis{named}: on a mapped argument, a per-item variable or a split '
+    'rng stream (JAX: {jax}). Fix: give that output an axis (e.g. out_axes=0), or reduce it '
+    'over the mapped axis before returning it, e.g. {reduce}.')
 # JAX's messages for an output batched where its out axis is None, without and with an axis_name.
 _JAX_MISMATCH = ('at vmap out_axes', 'vmap has mapped output')
 
@@ -95,8 +100,17 @@ def _vmap_groups(fn, config: _VmapConfig, scope_fn, repack_fn, variable_groups,
     if not str(error).startswith(_JAX_MISMATCH):
       raise
     _raise_shared_write(mapped, config, operands, root_paths)
-    raise
+    raise _batched_output(config, error) from error
   return y, add_group_axes(out_groups, out_axes, config.metadata_params)
+
+
+def _batched_output(config: _VmapConfig, error: ValueError) -> errors.InvalidAxisError:
+  """The result refused by JAX once no shared variable is to blame: an output marked None."""
+  name = config.axis_name
+  return errors.InvalidAxisError(_BATCHED_OUTPUT.format(
+      out_axes=config.out_axes, jax=error, named='' if name is None else f' {name!r}',
+      reduce=(f'jax.lax.pmean(y, {name!r})' if name is not None
+              else "jax.lax.pmean(y, 'batch') with axis_name='batch'")))
 
 
 # -- which shared variable was written per item ----------------------------------------------

@@ -58,6 +58,12 @@ VMAP = [
         _dense2, axis_size=4, **ENSEMBLE), XS), errors.AxisSizeError, 'axis_size=4 was given'),
     case('vmap with nothing mapped and no axis_size', _init(lift.vmap(
         dense, in_axes=None, **ENSEMBLE), XS, 2), errors.AxisSizeError, 'pass axis_size=N'),
+    case('vmap out_axes=None of an output that differs per item', _init(lift.vmap(
+        _dense2, out_axes=None, **ENSEMBLE), XS), errors.InvalidAxisError,
+         'out_axes=None marks an output', 'got axis spec None', "axis_name='batch'"),
+    case('vmap out_axes=None of a per-item output, with an axis_name', _init(lift.vmap(
+        _dense2, out_axes=None, axis_name='items', **ENSEMBLE), XS), errors.InvalidAxisError,
+         "depends on the mapped axis 'items'", "jax.lax.pmean(y, 'items')"),
     case('vmap in_axes beyond the rank of an argument', _init(lift.vmap(
         dense, in_axes=(2, None), **ENSEMBLE), XS, 2), errors.InvalidAxisError,
          "argument 'x' has shape (3, 5), which has no axis 2"),
