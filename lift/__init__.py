@@ -39,6 +39,7 @@ if _typing.TYPE_CHECKING:  # loaded on first use, below; named here for type che
 
 # Decoding (`as_scan`, `generate`: the causal rules) and the scan rewrites (their passes)
 # load on first use, so `import lift` pays only for the scopes and the transforms.
+_LAZY_MODULES = ('causal', 'scan_rewrites')
 _LAZY = {
     **{name: 'lift.causal' for name in (
         'Generated', 'Sampling', 'as_scan', 'as_scan_with_prefill', 'causal_self_attention',
@@ -48,7 +49,7 @@ _LAZY = {
 
 
 def __getattr__(name: str):
-  if name in ('causal', 'scan_rewrites'):
+  if name in _LAZY_MODULES:
     return _importlib.import_module(f'lift.{name}')
   if name in _LAZY:
     value = getattr(_importlib.import_module(_LAZY[name]), name)
@@ -58,7 +59,7 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-  return sorted(set(globals()) | set(_LAZY) | {'causal', 'scan_rewrites'})
+  return sorted(set(globals()) | set(_LAZY) | set(_LAZY_MODULES))
 
 
 _compat.hide_from_tracebacks(__file__)

@@ -37,10 +37,10 @@ from lift.metadata import add_group_axes, move_axis, remove_group_axes
 from lift.pack import pack
 from lift.rng import RngCounters
 from lift.scope import Scope
-from lift.axes import (MappedAxes, broadcast, is_unmapped, MappedLeaf, check_axis_leaves,
-                       check_keyword_arrays, check_size, check_split_rngs, check_variable_axes, infer_axis_size,
-                       leaf_axes, leaf_axis_size, mapped_arguments,
-                       mapped_variables, path_text, split_rng_groups)
+from lift.axes import (MappedAxes, MappedLeaf, broadcast, check_axis_leaves, check_keyword_arrays,
+                       check_size, check_split_rngs, check_variable_axes, infer_axis_size,
+                       is_unmapped, leaf_axes, leaf_axis_size, mapped_arguments, mapped_variables,
+                       path_text, split_rng_groups)
 
 _NOT_A_PAIR = (
     '{name} at "{path}": the body returned {got}, but a scan body returns a pair (carry, ys): '

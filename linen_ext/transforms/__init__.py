@@ -1,8 +1,8 @@
 """Lifted transforms for Modules (and `flax.linen.transforms`'s names: ``nn.transforms.vmap``).
 
 Files: `lifting` (the mechanism: a Module's scopes into a `lift` transform and back),
-`module_transforms` (``vmap``, ``scan``, ... on a class or as a method decorator, and
-``lift_transform`` for a user's own `pack` transform), `method_transforms` (``cond``,
+`module_transforms` (``vmap``, ``scan``, ... on a class or as a method decorator),
+`user_transforms` (``lift_transform``: a user's own `pack` transform), `method_transforms` (``cond``,
 ``switch``, ``while_loop``, ``vjp``, ... called inside a method with the module), and
 `decoding` (``as_scan`` for a Module).
 """
@@ -13,9 +13,9 @@ from linen_ext.transforms.decoding import as_scan
 from linen_ext.transforms.method_transforms import (cond, custom_vjp, grad, jvp, switch,
                                                     value_and_grad, vjp, while_loop)
 from linen_ext.transforms.module_transforms import (TransformSpec, add_metadata_axis,
-                                                    checkpoint, fold_rngs, jit, lift_transform,
-                                                    map_variables, remat, remat_scan, scan,
-                                                    shard_map, vmap)
+                                                    checkpoint, fold_rngs, jit, map_variables,
+                                                    remat, remat_scan, scan, shard_map, vmap)
+from linen_ext.transforms.user_transforms import lift_transform
 
 __all__ = ['TransformSpec', 'add_metadata_axis', 'as_scan', 'broadcast', 'checkpoint', 'cond',
            'custom_vjp', 'fold_rngs', 'grad', 'jit', 'jvp', 'lift_transform', 'map_variables',
