@@ -66,19 +66,17 @@ def example_batch(args, chips: int) -> dict[str, jax.ShapeDtypeStruct]:
           'targets': jax.ShapeDtypeStruct(shape, jnp.int32)}
 
 
-def build_model(args, topology) -> llama.LM:
-  attention = args.attention
-  if attention == 'auto':
-    attention = 'flash' if nn.scale.topology.is_tpu(topology.devices) else 'xla'
+def build_model(args) -> llama.LM:
   return llama.LM(llama.PRESETS[args.model], remat=nn.scale.planner.remat_value(args.remat),
-                  attention=None if attention == 'xla' else attention,
+                  attention=None if args.attention == 'auto' else args.attention,
                   pipeline_stages=args.pipeline_stages, microbatches=args.microbatches,
                   stage_axis='stage' if args.pipeline_stages > 1 else None,
                   dtype=jnp.dtype(args.dtype))
 
 
-def report(args, topology, mesh: dict, stats) -> dict:
-  """Prints the per-chip figures; returns them."""
+def report(args, topology, mesh: dict, stats, attention: str | None = None) -> dict:
+  """Prints the per-chip figures (and which attention the program runs, if known);
+  returns them."""
   hbm = args.hbm * GIB if args.hbm else topology.hbm_bytes
   fits = stats.device_bytes <= hbm
   collectives = ', '.join(f'{kind} {n}' for kind, n in stats.collectives.items()) or 'none'
@@ -97,6 +95,8 @@ def report(args, topology, mesh: dict, stats) -> dict:
             'total_gib': stats.device_bytes / GIB, 'arguments_gib': stats.argument_bytes / GIB,
             'temporaries_gib': stats.temp_bytes / GIB, 'host_gib': stats.host_bytes / GIB,
             'tflop': stats.flops / 1e12}
+  if attention:
+    result['attention'] = attention
   print('result: ' + ' '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}'
                               for k, v in result.items() if k != 'mesh'))
   return result
@@ -116,7 +116,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser.add_argument('--remat', default='full', choices=nn.scale.planner.REMATS,
                       help="the stack's checkpoint policy")
   parser.add_argument('--attention', default='auto', choices=['auto', 'flash', 'xla'],
-                      help='auto: the Pallas flash kernel for TPU, XLA elsewhere')
+                      help="auto: nn.causal_self_attention's default (the Pallas flash kernel "
+                      'on a TPU target, XLA elsewhere)')
   parser.add_argument('--per-device-batch', type=int, default=1)
   parser.add_argument('--seq-length', type=int, default=2048)
   parser.add_argument('--dtype', default='bfloat16', choices=['bfloat16', 'float32'],
@@ -139,7 +140,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict:
   args = parse_args(argv)
   topology = nn.tpu_topology(args.compile_for, num_slices=args.num_slices)
-  model = build_model(args, topology)
+  model = build_model(args)
   batch = example_batch(args, topology.chips)
   config = llama.PRESETS[args.model]
   print(f'{args.model} ({config.parameters() / 1e9:.2f}B parameters), batch '
@@ -163,12 +164,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
                      f'not divide over data={data}. Fix: fewer microbatches or a larger '
                      '--per-device-batch.')
   mesh = nn.scale.make_mesh(topology.devices, mesh_shape)
-  print(f'mesh {dict(mesh.shape)}, remat {args.remat}, attention {model.attention or "xla"}'
+  print(f'mesh {dict(mesh.shape)}, remat {args.remat}, attention {model.attention or "auto"}'
         f'{", optimizer state in host memory" if args.offload_optimizer else ""}')
   step = nn.compile_train_step(model, batch, mesh=mesh, rules=axis_rules(mesh_shape),
                                optimizer=llama.optimizer(), loss_fn=llama.next_token_loss,
                                offload_optimizer=args.offload_optimizer)
-  return report(args, topology, mesh_shape, step.stats)
+  kernel = 'tpu_custom_call' in step.compiled.as_text()  # the Pallas kernel's call
+  return report(args, topology, mesh_shape, step.stats, 'flash' if kernel else 'xla')
 
 
 if __name__ == '__main__':

@@ -32,8 +32,8 @@ from lift.jit import jit
 from lift.map_variables import map_variables, swap_collection
 
 if _typing.TYPE_CHECKING:  # loaded on first use, below; named here for type checkers and the API pages
-  from lift.causal import (as_scan, as_scan_with_prefill, causal_self_attention, custom_causal,
-                           register_scan_rule)
+  from lift.causal import (AttentionChoice, as_scan, as_scan_with_prefill, causal_self_attention,
+                           choose_attention, custom_causal, register_scan_rule)
   from lift.causal.generate import Generated, Sampling, generate
   from lift.scan_rewrites import ScanReport, explain_scans, optimize_scans
 
@@ -42,8 +42,9 @@ if _typing.TYPE_CHECKING:  # loaded on first use, below; named here for type che
 _LAZY_MODULES = ('causal', 'scan_rewrites')
 _LAZY = {
     **{name: 'lift.causal' for name in (
-        'Generated', 'Sampling', 'as_scan', 'as_scan_with_prefill', 'causal_self_attention',
-        'custom_causal', 'generate', 'register_scan_rule')},
+        'AttentionChoice', 'Generated', 'Sampling', 'as_scan', 'as_scan_with_prefill',
+        'causal_self_attention', 'choose_attention', 'custom_causal', 'generate',
+        'register_scan_rule')},
     **{name: 'lift.scan_rewrites' for name in ('ScanReport', 'explain_scans', 'optimize_scans')},
 }
 

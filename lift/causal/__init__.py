@@ -14,6 +14,7 @@ from lift.causal import rules_time as _rules_time
 from lift.causal import rules_update as _rules_update
 from lift.causal.api import Prefilled, ScanCarry, as_scan, as_scan_with_prefill
 from lift.causal.attention import KVCache, causal_self_attention
+from lift.causal.attention_choice import AttentionChoice, choose_attention
 from lift.causal.custom import CustomCausal, custom_causal
 from lift.causal.generate import Generated, Sampling, generate
 from lift.causal.forms import stateful, stateless

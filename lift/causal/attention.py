@@ -11,7 +11,8 @@ form runs per step.
 
 ``implementation='flash'`` computes the full form with the Pallas TPU flash-attention
 kernel that ships with JAX, which never materialises the ``[length, length]`` scores;
-the step and prefill forms are the same for both implementations, so a model trained
+the default, ``None``, picks it on a TPU target (`lift/causal/attention_choice.py`).
+The step and prefill forms are the same for both implementations, so a model trained
 with the kernel decodes with the same KV cache.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from jax import lax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from lift.causal.attention_choice import choose_attention
 from lift.causal.custom import CustomCausal, custom_causal
 from lift.errors import AttentionArgumentError
 
@@ -155,14 +157,19 @@ def causal_self_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     q: queries, `[batch..., length, heads, features]`.
     k: keys, `[batch..., length, kv_heads, features]`, `kv_heads` dividing `heads`.
     v: values, shaped like `k`.
-    implementation: ``None`` or ``'xla'``: the scores as one XLA product (Flax's
-      numbers); ``'flash'``: JAX's Pallas flash-attention kernel for TPU (compiles
-      only for TPU; on CPU it runs under
-      `jax.experimental.pallas.tpu.force_tpu_interpret_mode`), which never
-      holds the ``[length, length]`` scores.
-    mesh_axes: with ``'flash'`` under a mesh, the mesh axes of ``q``'s
+    implementation: ``None``: the best form for where this compiles: the flash kernel
+      on a TPU target when it takes the shapes and can be placed, the XLA form
+      elsewhere (the rule: `choose_attention`, which also says what a call would
+      pick); ``'xla'``: the scores as one XLA product (Flax's numbers);
+      ``'flash'``: JAX's Pallas flash-attention kernel for TPU (compiles only for
+      TPU; on CPU it runs under
+      `jax.experimental.pallas.tpu.force_tpu_interpret_mode`), which never holds
+      the ``[length, length]`` scores.
+    mesh_axes: for the kernel under a mesh, the mesh axes of ``q``'s
       ``[batch, length, heads, features]`` (for example ``nn.logical_to_mesh_axes``
-      of its logical names): the kernel then runs on each device's shard.
+      of its logical names): the kernel then runs on each device's shard. By
+      default they come from the logical axis rules in context, for the names
+      ``('batch', 'length', 'heads', 'kv')``.
 
   Returns:
     `[batch..., length, heads, features]`.
@@ -177,7 +184,7 @@ def causal_self_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     (3, 2, 4)
   """
   _check(q, k, v, implementation, mesh_axes)
-  if implementation == 'flash':
-    axes = None if mesh_axes is None else tuple(mesh_axes)
-    return _flash_attention(axes)(q, k, v)
+  choice = choose_attention(q, k, implementation, mesh_axes)
+  if choice.implementation == 'flash':
+    return _flash_attention(choice.mesh_axes)(q, k, v)
   return _xla_attention(q, k, v)

@@ -3,12 +3,15 @@
 Oracles: the grouped form equals the full-head form on repeated keys and values (the
 same products, to the bit); the Pallas TPU flash kernel, run in interpret mode on this
 CPU, equals the XLA form in value and gradients within float32 rounding; the derived
-decode step of the grouped form caches only the key/value heads and reproduces it.
+decode step of the grouped form caches only the key/value heads and reproduces it. The
+default's choice: the XLA form off a TPU, the kernel on a TPU target (an abstract TPU mesh)
+where it takes the shapes and can be placed per shard.
 """
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen
 from jax.experimental.pallas import tpu as pallas_tpu
 
 import lift
@@ -87,3 +90,57 @@ def test_bad_arguments_are_named(kwargs, match):
     lift.causal_self_attention(q, k, v, **kwargs)
   with pytest.raises(AttentionArgumentError, match=r'shapes \(2, 8, 4, 16\), \(2, 8, 3, 16\)'):
     lift.causal_self_attention(q, k[..., :1, :].repeat(3, -2), v[..., :1, :].repeat(3, -2))
+
+
+TPU = jax.sharding.AbstractDevice(device_kind='TPU v5 lite', num_cores=1, platform='tpu')
+
+
+def tpu_mesh(**axes):
+  """An abstract mesh of TPU chips: what `jax.set_mesh` of a `tpu_topology` mesh gives."""
+  return jax.sharding.AbstractMesh(tuple(axes.values()), tuple(axes),
+                                   axis_types=(jax.sharding.AxisType.Auto,) * len(axes),
+                                   abstract_device=TPU)
+
+
+def shapes(length=128, features=16, batch=4):
+  return (jax.ShapeDtypeStruct((batch, length, HEADS, features), jnp.float32),
+          jax.ShapeDtypeStruct((batch, length, KV_HEADS, features), jnp.float32))
+
+
+def test_the_default_is_the_xla_form_off_a_tpu():
+  q, k, v = qkv(length=128)
+  assert lift.choose_attention(q, k) == ('xla', None, 'the target is cpu, not a TPU')
+  np.testing.assert_array_equal(lift.causal_self_attention(q, k, v),
+                                lift.causal_self_attention(q, k, v, implementation='xla'))
+
+
+@pytest.mark.parametrize('length, features, reason', [
+    (128, 16, None), (512, 128, None), (256, 256, None),
+    (100, 16, 'the length 100 is not a multiple of 128'),
+    (8, 128, 'the length 8 is not a multiple of 128'),
+    (128, 192, 'the features 192 are over 128 and not a multiple of it'),
+])
+def test_on_a_tpu_the_default_is_the_kernel_where_it_takes_the_shapes(length, features, reason):
+  with jax.sharding.use_abstract_mesh(tpu_mesh(data=1)):
+    choice = lift.choose_attention(*shapes(length, features))
+  if reason is None:
+    assert choice.implementation == 'flash' and choice.mesh_axes is None
+  else:
+    assert choice == ('xla', None, f'the flash kernel cannot take it: {reason}')
+
+
+@pytest.mark.parametrize('rules, batch, want', [
+    ((('batch', 'data'), ('heads', 'model')), 4, ('data', None, 'model', None)),
+    ((('batch', ('data', 'model')),), 4, (('data', 'model'), None, None, None)),
+    ((), 4, None),  # no rules: nothing says where the batch and heads lie
+    ((('batch', 'data'), ('length', 'model')), 4, None),  # the length sharded
+    ((('batch', 'data'), ('heads', 'model')), 3, None),  # 3 sequences over data=2
+    ((('batch', 'data'), ('heads', 'other')), 4, None),  # an axis the mesh lacks
+])
+def test_under_a_split_mesh_the_kernel_runs_per_shard_or_not_at_all(rules, batch, want):
+  with jax.sharding.use_abstract_mesh(tpu_mesh(data=2, model=2)), linen.logical_axis_rules(rules):
+    choice = lift.choose_attention(*shapes(batch=batch))
+    given = lift.choose_attention(*shapes(batch=batch), mesh_axes=('data', None, None, None))
+  assert choice.implementation == ('xla' if want is None else 'flash')
+  assert choice.mesh_axes == want
+  assert given[:2] == ('flash', ('data', None, None, None))  # given axes always win

@@ -44,7 +44,7 @@ def chips():
 
 
 def test_fsdp_divides_the_state_over_the_chips_and_the_flash_kernel_runs(chips):
-  model = llama.LM(WIDE, attention='flash')
+  model = llama.LM(WIDE)  # the attention's default: the kernel, for a TPU target
   mesh = nn.scale.make_mesh(chips.devices, {'data': 4})
   step = nn.compile_train_step(model, BATCH, mesh=mesh, rules=at_scale.axis_rules({}),
                                optimizer=optax.adamw(1e-3), loss_fn=llama.next_token_loss)
@@ -57,6 +57,9 @@ def test_fsdp_divides_the_state_over_the_chips_and_the_flash_kernel_runs(chips):
   assert step.stats.flops > 0
   assert step.stats.collectives['all-gather'] > 0  # FSDP gathers each layer's weights
   assert 'tpu_custom_call' in step.compiled.as_text()  # the Pallas kernel, not XLA's scores
+  on_cpu = jax.jit(model.apply).lower(jax.eval_shape(model.init, jax.random.key(0),
+                                                     BATCH['inputs']), BATCH['inputs'])
+  assert 'tpu_custom_call' not in on_cpu.as_text()  # the same model, the XLA form here
 
 
 @pytest.fixture(scope='module')
@@ -126,5 +129,6 @@ def test_a_pipeline_over_two_slices_sends_only_permutes_between_them_in_its_tick
                           '--seq-length', '128'])
   printed = capsys.readouterr().out
   assert result['mesh'] == {'stage': 2, 'data': 4, 'model': 1} and result['fits']
+  assert result['attention'] == 'flash'  # the default, per shard inside the pipeline's stages
   assert re.search(r"inside loops \(a pipeline's ticks\): collective-permute \d+\n", printed)
   assert printed.count('between slices:') == 1 and 'result: model=tiny' in printed
