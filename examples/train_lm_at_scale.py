@@ -19,7 +19,6 @@ It ends with one line: ``result: model=... topology=... fits=<bool> total_gib=<f
 """
 from __future__ import annotations
 
-import argparse
 import pathlib
 import sys
 from collections.abc import Sequence
@@ -28,9 +27,13 @@ import jax
 import jax.numpy as jnp
 
 import linen_ext as nn
+from linen_ext.errors import TopologyError
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import command_line  # noqa: E402
 import llama  # noqa: E402
+import train_lm_at_scale_flags as flags  # noqa: E402
+from command_line import UsageError  # noqa: E402
 
 GIB = 2 ** 30
 
@@ -43,20 +46,6 @@ def axis_rules(mesh_shape: dict[str, int]) -> tuple[tuple[str, str | None], ...]
   return (('batch', 'data'), ('embed', 'data'), ('mlp', 'model'), ('heads', 'model'),
           ('kv_heads', 'model'), ('kv', None), ('vocab', 'model'), ('length', None),
           ('layers', 'stage'))
-
-
-def parse_mesh(text: str | None, chips: int, stages: int) -> dict[str, int]:
-  """``'data=128,model=2'`` as a dict; by default every chip on ``data`` (beside ``stage``,
-  which has ``--pipeline-stages`` entries)."""
-  if text is None:
-    return {'stage': stages, 'data': chips // stages, 'model': 1}
-  sizes = {}
-  for part in text.split(','):
-    name, _, size = part.partition('=')
-    if not size.isdigit():
-      raise SystemExit(f'--mesh {text}: each part must be stage=N, data=N or model=N')
-    sizes[name] = int(size)
-  return sizes
 
 
 def example_batch(args, chips: int) -> dict[str, jax.ShapeDtypeStruct]:
@@ -102,44 +91,72 @@ def report(args, topology, mesh: dict, stats, attention: str | None = None) -> d
   return result
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(
-      description='Compile a LLaMA-2/Gemma training step for a TPU topology (no TPU needed) '
-                  'and print its per-chip memory, FLOPs and collectives.',
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser() -> command_line.Parser:
+  """The script's flags (``--help`` shows them with their defaults)."""
+  parser = command_line.Parser(description=(
+      'Compiles the training step of a LLaMA-2 or Gemma model ahead of time for a named TPU '
+      "topology on this machine (libtpu's compiler; no TPU needed) and prints what each chip "
+      "would hold: XLA's per-chip memory, FLOPs and collectives."))
   parser.add_argument('--compile-for', required=True, metavar='TOPOLOGY',
-                      help=f'one of {", ".join(nn.scale.KNOWN_TOPOLOGIES)}, or kind:shape')
-  parser.add_argument('--num-slices', type=int, default=1, help='slices joined by the DCN')
-  parser.add_argument('--model', default='llama2-7b', choices=sorted(llama.PRESETS))
+                      help='the TPU topology to compile for: one of '
+                      f'{", ".join(nn.scale.KNOWN_TOPOLOGIES)}; or kind:shape, e.g. v5e:16x16')
+  parser.add_argument('--num-slices', type=command_line.positive, default=1,
+                      help='slices of that topology joined by the data-center network')
+  parser.add_argument('--model', default='llama2-7b', choices=sorted(llama.PRESETS),
+                      help="the model's shapes (examples/llama.py; tiny compiles in seconds)")
   parser.add_argument('--mesh', default=None,
-                      help='stage=N,data=N,model=N (default: every chip on data, FSDP)')
+                      help='axis sizes stage=N,data=N,model=N that multiply to the chips; '
+                      'without it, every chip on data (FSDP)')
   parser.add_argument('--remat', default='full', choices=nn.scale.planner.REMATS,
                       help="the stack's checkpoint policy")
   parser.add_argument('--attention', default='auto', choices=['auto', 'flash', 'xla'],
                       help="auto: nn.causal_self_attention's default (the Pallas flash kernel "
                       'on a TPU target, XLA elsewhere)')
-  parser.add_argument('--per-device-batch', type=int, default=1)
-  parser.add_argument('--seq-length', type=int, default=2048)
+  parser.add_argument('--per-device-batch', type=command_line.positive, default=1,
+                      help='sequences per chip in a step (the batch is this times the chips)')
+  parser.add_argument('--seq-length', type=command_line.positive, default=2048,
+                      help='tokens per sequence')
   parser.add_argument('--dtype', default='bfloat16', choices=['bfloat16', 'float32'],
                       help='compute dtype (variables and optimizer state stay float32)')
-  parser.add_argument('--pipeline-stages', type=int, default=1,
+  parser.add_argument('--pipeline-stages', type=command_line.positive, default=1,
                       help='run the blocks as a pipeline of this many stages over stage')
-  parser.add_argument('--microbatches', type=int, default=1, help="the pipeline's")
+  parser.add_argument('--microbatches', type=command_line.positive, default=1,
+                      help='microbatches of a pipelined step, each divided over data')
   parser.add_argument('--offload-optimizer', action='store_true',
                       help='keep the optimizer state in host memory')
-  parser.add_argument('--hbm', type=float, default=None, help='GiB per chip (default: the '
-                      "chip's)")
+  parser.add_argument('--hbm', type=float, default=None,
+                      help="GiB of HBM per chip to fit in; without it, the chip's own")
   parser.add_argument('--plan', action='store_true',
                       help='compile every candidate and choose the cheapest that fits')
-  parser.add_argument('--plan-remat', nargs='+', default=list(nn.scale.planner.REMATS))
-  parser.add_argument('--plan-tensor', nargs='+', type=int, default=[1])
-  parser.add_argument('--margin', type=float, default=0.05, help="the plan's free fraction")
-  return parser.parse_args(argv)
+  parser.add_argument('--plan-remat', nargs='+', default=list(nn.scale.planner.REMATS),
+                      choices=nn.scale.planner.REMATS, metavar='REMAT',
+                      help='with --plan: the checkpoint policies to try')
+  parser.add_argument('--plan-tensor', nargs='+', type=command_line.positive, default=[1],
+                      metavar='SIZE', help='with --plan: the sizes of the model (tensor '
+                      'parallel) axis to try')
+  parser.add_argument('--margin', type=float, default=0.05,
+                      help="with --plan: the fraction of each chip's HBM left free")
+  return parser
+
+
+def load_topology(args) -> nn.scale.Topology:
+  """``--compile-for``'s abstract chips; libtpu missing ends the script with its pip fix."""
+  try:
+    return nn.tpu_topology(args.compile_for, num_slices=args.num_slices)
+  except TopologyError as error:
+    raise UsageError(f'--compile-for {args.compile_for}: {error}') from None
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-  args = parse_args(argv)
-  topology = nn.tpu_topology(args.compile_for, num_slices=args.num_slices)
+  """Runs the script on ``argv`` (default: the command line); returns the result line's
+  figures. Flags it cannot run with end it before anything compiles, with one line naming
+  the flag to pass (exit status 2)."""
+  args = build_parser().parse_args(argv)
+  try:
+    mesh_shape = flags.check_flags(args)
+    topology = load_topology(args)
+  except UsageError as error:
+    command_line.fail(str(error))
   model = build_model(args)
   batch = example_batch(args, topology.chips)
   config = llama.PRESETS[args.model]
@@ -156,13 +173,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     print(chosen)
     print(f'chosen: {chosen.best.describe()}')
     return report(args, topology, dict(chosen.best.mesh), chosen.stats)
-  mesh_shape = parse_mesh(args.mesh, topology.chips, args.pipeline_stages)
-  data = mesh_shape.get('data', 1)
-  if batch['inputs'].shape[0] // args.microbatches % data:
-    raise SystemExit(f'--microbatches {args.microbatches}: each microbatch has '
-                     f'{batch["inputs"].shape[0] // args.microbatches} sequences, which do '
-                     f'not divide over data={data}. Fix: fewer microbatches or a larger '
-                     '--per-device-batch.')
+  assert mesh_shape is not None  # checked by check_flags, which returns None with --plan
   mesh = nn.scale.make_mesh(topology.devices, mesh_shape)
   print(f'mesh {dict(mesh.shape)}, remat {args.remat}, attention {model.attention or "auto"}'
         f'{", optimizer state in host memory" if args.offload_optimizer else ""}')

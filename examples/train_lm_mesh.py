@@ -27,26 +27,36 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import linen_ext as nn
+from command_line import UsageError
 
 MESH_AXES = ('stage', 'data', 'model')
 
 
 def parse_mesh(text: str | None) -> dict[str, int]:
   """``'data=4,model=2'`` as ``{'stage': 1, 'data': 4, 'model': 2}``; missing axes have
-  size 1, and ``None`` puts every device on ``data``."""
+  size 1, and ``None`` puts every device on ``data``.
+
+  Raises:
+    UsageError: an unknown axis, a size that is not a count, or more devices than present.
+  """
+  count = jax.device_count()
   if text is None:
-    return {'stage': 1, 'data': jax.device_count(), 'model': 1}
+    return {'stage': 1, 'data': count, 'model': 1}
   sizes = dict.fromkeys(MESH_AXES, 1)
   for part in text.split(','):
     name, _, size = part.partition('=')
-    if name not in MESH_AXES or not size.isdigit() or int(size) < 1:
-      raise SystemExit(f'--mesh {text}: each part must be stage=N, data=N or model=N, '
-                       f'got {part!r}')
+    if name not in MESH_AXES:
+      raise UsageError(f'--mesh {text}: unknown axis {name!r}; the axes are '
+                       f'{", ".join(MESH_AXES)}. Fix: only those, e.g. --mesh data={count}.')
+    if not size.isdigit() or int(size) < 1:
+      raise UsageError(f'--mesh {text}: {part!r} is not {name}=N with N at least 1. Fix: '
+                       f'e.g. --mesh data={count}.')
     sizes[name] = int(size)
-  if math.prod(sizes.values()) > jax.device_count():
-    raise SystemExit(f'--mesh {text}: {math.prod(sizes.values())} devices asked, '
-                     f'{jax.device_count()} present (on CPU, simulate more with XLA_FLAGS='
-                     '--xla_force_host_platform_device_count=8)')
+  if math.prod(sizes.values()) > count:
+    raise UsageError(f'--mesh {text}: {math.prod(sizes.values())} devices asked for, {count} '
+                     f'present. Fix: sizes that multiply to at most {count}, e.g. --mesh '
+                     f'data={count} (on CPU, simulate more devices with XLA_FLAGS='
+                     '--xla_force_host_platform_device_count=8).')
   return sizes
 
 

@@ -224,6 +224,7 @@ class Scope:
 
   def reserve(self, name: str, col: str | None = None):
     """Claims ``name`` for a child (``col=None``) or a variable of ``col``."""
+    self._check_valid()  # a scope kept past its transform: not a name clash, whatever the name
     if not isinstance(name, str):
       raise errors.InvalidNameError(name, self.path_text)
     if self.name_reserved(name, col):

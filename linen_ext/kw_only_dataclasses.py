@@ -4,6 +4,8 @@
 >>> field(default=1).default
 1
 """
-from flax.linen.kw_only_dataclasses import KW_ONLY, dataclass, field
+from flax.linen.kw_only_dataclasses import KW_ONLY, Annotation, Default, FieldName, dataclass, field
+from flax.linen.kw_only_dataclasses import _KwOnlyType as _KwOnlyType
+from flax.linen.kw_only_dataclasses import _process_class as _process_class
 
-__all__ = ['KW_ONLY', 'dataclass', 'field']
+__all__ = ['KW_ONLY', 'Annotation', 'Default', 'FieldName', 'dataclass', 'field']

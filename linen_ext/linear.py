@@ -1,35 +1,28 @@
 """`flax.linen.linear`'s names with this package's layers, so ``nn.linear.Dense`` ports.
 
-Two private helpers of Flax's module are kept for layers written after ``DenseGeneral``
-(a LoRA adapter, for example): ``_canonicalize_tuple`` and ``_normalize_axes``.
+Flax's helpers are Flax's own functions, among them the private ones layers written after
+``DenseGeneral`` and ``Conv`` use (a LoRA adapter normalizing its axes with
+``_canonicalize_tuple`` and ``_normalize_axes``); ``_Conv``, the base of ``Conv`` and
+``ConvLocal``, is this package's, for a convolution that defines its own ``shared_weights``.
 
->>> nn.linear.Dense(4) is not None and nn.linear.default_kernel_init is not None
-True
+>>> nn.linear.Dense is nn.Dense and nn.linear._normalize_axes((-1, 0), 3)
+(0, 2)
 """
-from collections.abc import Iterable, Sequence
+from flax.linen.linear import (Array, ConvGeneralDilatedT, DotGeneralT, Dtype, Initializer,
+                               LaxPadding, PaddingLike, PrecisionLike, PRNGKey, PromoteDtypeFn,
+                               Shape, ShapedArray, canonicalize_padding, default_embed_init,
+                               default_kernel_init, eval_shape, promote_dtype)
+from flax.linen.linear import _canonicalize_tuple as _canonicalize_tuple
+from flax.linen.linear import _conv_dimension_numbers as _conv_dimension_numbers
+from flax.linen.linear import _normalize_axes as _normalize_axes
 
-from flax.linen.linear import (PromoteDtypeFn, canonicalize_padding, default_embed_init,
-                               default_kernel_init)
+from linen_ext.layers.ready_made import (Conv, ConvLocal, ConvTranspose, Dense, DenseGeneral,
+                                         Einsum, Embed)
+from linen_ext.layers.ready_made import _Conv as _Conv
+from linen_ext.module import Module, compact
 
-from linen_ext.layers.ready_made import Conv, ConvLocal, ConvTranspose, Dense, DenseGeneral, Einsum, Embed
-
-__all__ = ['Conv', 'ConvLocal', 'ConvTranspose', 'Dense', 'DenseGeneral', 'Einsum', 'Embed',
-           'PromoteDtypeFn', 'canonicalize_padding', 'default_embed_init', 'default_kernel_init']
-
-
-def _canonicalize_tuple(x: Sequence[int] | int) -> tuple[int, ...]:
-  """``x`` as a tuple: an int becomes a 1-tuple (``features=4`` or ``(2, 4)``).
-
-  >>> _canonicalize_tuple(4), _canonicalize_tuple([2, 4])
-  ((4,), (2, 4))
-  """
-  return tuple(x) if isinstance(x, Iterable) else (x,)
-
-
-def _normalize_axes(axes: tuple[int, ...], ndim: int) -> tuple[int, ...]:
-  """``axes`` of an ``ndim``-dimensional array as sorted non-negative indices.
-
-  >>> _normalize_axes((-1, 0), 3)
-  (0, 2)
-  """
-  return tuple(sorted(ax if ax >= 0 else ndim + ax for ax in axes))
+__all__ = ['Array', 'Conv', 'ConvGeneralDilatedT', 'ConvLocal', 'ConvTranspose', 'Dense',
+           'DenseGeneral', 'DotGeneralT', 'Dtype', 'Einsum', 'Embed', 'Initializer', 'LaxPadding',
+           'Module', 'PRNGKey', 'PaddingLike', 'PrecisionLike', 'PromoteDtypeFn', 'Shape',
+           'ShapedArray', 'canonicalize_padding', 'compact', 'default_embed_init',
+           'default_kernel_init', 'eval_shape', 'promote_dtype']

@@ -5,7 +5,9 @@ sharding by logical axis names, and record the names as an `AxisMetadata`
 in the ``<collection>_axes`` collection (``params_axes/kernel_axes``), where
 `get_axis_names` turns them into logical `PartitionSpec`s. `scan_with_axes`
 and `vmap_with_axes` are `scan` and `vmap` that also add their axis to those
-names. The rules and constraints are Flax's own.
+names. The rules and constraints are Flax's own, and so are the other names of
+`flax.linen.partitioning` but ``_is_mutable`` and ``_add_axis_to_metadata``, which read and
+transform this package's modules.
 
 >>> class Mlp(nn.Module):
 ...   @nn.compact
@@ -21,10 +23,19 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-from flax.linen.partitioning import (AxisMetadata, RulesFallback, ScanIn, ScanOut, axis_rules,
+from flax.linen.partitioning import (Array, ArrayPytree, AxisMetadata, CollectionFilter,
+                                     InOutAxis, InOutScanAxis, LogicalPartitionSpec,
+                                     LogicalPartitionSpecPytree, LogicalRules,
+                                     PartitionSpecPytree, PRNGSequenceFilter, RulesFallback,
+                                     ScanIn, ScanOut, axis_rules, flatten_dict, freeze,
                                      get_axis_names, get_axis_rules, logical_to_mesh,
-                                     logical_to_mesh_axes, set_axis_rules,
-                                     with_sharding_constraint)
+                                     logical_to_mesh_axes, set_axis_rules, unflatten_dict,
+                                     unfreeze, with_sharding_constraint)
+from flax.linen.partitioning import _is_logical_spec as _is_logical_spec
+from flax.linen.partitioning import (
+    _param_with_axes_sow_reduce_fn as _param_with_axes_sow_reduce_fn)
+from flax.linen.partitioning import _tree_map_axes as _tree_map_axes
+from flax.linen.partitioning import _with_sharding_constraint as _with_sharding_constraint
 
 from lift.filters import Filter, union_filters
 from lift.scope import Variable
@@ -34,10 +45,13 @@ from linen_ext import errors
 from linen_ext.transforms import module_transforms as transforms
 from linen_ext.module.state import context
 
-__all__ = ['AxisMetadata', 'PartitionedVariable', 'RulesFallback', 'ScanIn', 'ScanOut',
-           'axis_rules', 'get_axis_names', 'get_axis_rules', 'logical_to_mesh',
-           'logical_to_mesh_axes', 'param_with_axes', 'remat', 'scan_with_axes',
-           'set_axis_rules', 'variable_with_axes', 'vmap_with_axes', 'with_sharding_constraint']
+__all__ = ['Array', 'ArrayPytree', 'AxisMetadata', 'CollectionFilter', 'InOutAxis',
+           'InOutScanAxis', 'LogicalPartitionSpec', 'LogicalPartitionSpecPytree', 'LogicalRules',
+           'PRNGSequenceFilter', 'PartitionSpecPytree', 'PartitionedVariable', 'RulesFallback',
+           'ScanIn', 'ScanOut', 'axis_rules', 'flatten_dict', 'freeze', 'get_axis_names',
+           'get_axis_rules', 'logical_to_mesh', 'logical_to_mesh_axes', 'param_with_axes',
+           'remat', 'scan_with_axes', 'set_axis_rules', 'unflatten_dict', 'unfreeze',
+           'variable_with_axes', 'vmap_with_axes', 'with_sharding_constraint']
 
 
 def _current_module(module: Any, fn_name: str) -> Any:
@@ -115,13 +129,19 @@ def variable_with_axes(collection: str, name: str, init_fn: Callable[..., Any] |
   return variable
 
 
-def _axis_position(axis: Any) -> int:
-  return getattr(axis, 'axis', axis)  # ScanIn(1) / ScanOut(1) mark a position too
+def _is_mutable(axis_col: str) -> bool:
+  """Whether the running module may write ``axis_col`` (True outside any module), as Flax's."""
+  module = context.module_stack[-1]
+  return module is None or module.is_mutable_collection(axis_col)
 
 
-def _add_axis_to_names(target: Any, position: int, axis_name: str, collection: str) -> Any:
-  """Shows ``target`` the ``<collection>_axes`` names without the transform's axis, and adds it
-  back to what leaves."""
+def _add_axis_to_metadata(target: Any, axis_pos: Any, axis_name: str,
+                          axis_col: str = 'params_axes') -> Any:
+  """Shows ``target`` the ``axis_col`` names without the transform's axis ``axis_name`` at
+  ``axis_pos`` (an int, or ``ScanIn``/``ScanOut`` marking one), and adds it back to what leaves.
+  """
+  position = getattr(axis_pos, 'axis', axis_pos)
+
   def edit(tree: Any, edit_names: Callable[[list], None]) -> Any:
     def leaf(meta: Any) -> Any:
       if not isinstance(meta, AxisMetadata):
@@ -140,15 +160,13 @@ def _add_axis_to_names(target: Any, position: int, axis_name: str, collection: s
   def remove(names: list) -> None:
     if names[position] != axis_name:
       raise errors.AxesMismatchError(
-          f'"{collection}" entering a transform over axis "{axis_name}" at position '
+          f'"{axis_col}" entering a transform over axis "{axis_name}" at position '
           f'{position}', f'"{axis_name}" at position {position}', tuple(names),
           'give the transform the variables it created (the same axis name and position).')
     names.pop(position)
 
-  outer = context.module_stack[-1]
-  mutable = outer is None or outer.is_mutable_collection(collection)
   return transforms.map_variables(
-      target, collection, mutable=mutable,
+      target, axis_col, mutable=_is_mutable(axis_col),
       trans_in_fn=lambda tree: edit(tree, remove),
       trans_out_fn=lambda tree: edit(tree, lambda names: names.insert(position, axis_name)))
 
@@ -173,8 +191,8 @@ def scan_with_axes(target: Any, variable_axes: Mapping[Filter, Any] = {},  # noq
       methods=methods)
   for collection in axes_collections:
     if collection in variable_axes:
-      scanned = _add_axis_to_names(scanned, _axis_position(variable_axes[collection]),
-                                   axis_name, f'{collection}_axes')
+      scanned = _add_axis_to_metadata(scanned, variable_axes[collection], axis_name,
+                                      f'{collection}_axes')
   return scanned
 
 
@@ -197,8 +215,8 @@ def vmap_with_axes(target: Any, variable_axes: Mapping[Filter, Any],
       spmd_axis_name=spmd_axis_name, methods=methods)
   for collection, name in partitioning_axis_names.items():
     if collection in variable_axes:
-      vmapped = _add_axis_to_names(vmapped, _axis_position(variable_axes[collection]), name,
-                                   f'{collection}_axes')
+      vmapped = _add_axis_to_metadata(vmapped, variable_axes[collection], name,
+                                      f'{collection}_axes')
   return vmapped
 
 

@@ -7,6 +7,11 @@ their own submodules' calls through flax's interceptors. Each row lists the
 variables the called module holds itself (or, at the ``depth`` cut, all
 below it), per collection, with their count and bytes; ``compute_flops`` and
 ``compute_vjp_flops`` add the XLA cost analysis of the call and of its VJP.
+
+Of `flax.linen.summary`'s other names, Flax's helpers for values (``_get_value_representation``,
+``_size_and_bytes_repr``, ``_get_flops``, ...) and type aliases are Flax's own; its table of
+call records (``Table``, ``_get_module_table``, ...) is not kept (docs/porting.md, "Every name
+of `flax.linen`").
 """
 from __future__ import annotations
 
@@ -26,6 +31,23 @@ import rich.table
 import rich.text
 import yaml
 from flax.core import meta
+from flax.linen.summary import (Array, CollectionFilter, FrozenVariableDict, LogicalNames,
+                                MutableVariableDict, PRNGKey, RNGSequences, unfreeze)
+from flax.linen.summary import _ArrayRepresentation as _ArrayRepresentation
+from flax.linen.summary import _as_yaml_str as _as_yaml_str
+from flax.linen.summary import _bytes_repr as _bytes_repr
+from flax.linen.summary import _from_value_representation as _from_value_representation
+from flax.linen.summary import _get_flops as _get_flops
+from flax.linen.summary import _get_rich_repr as _get_rich_repr
+from flax.linen.summary import _get_value_representation as _get_value_representation
+from flax.linen.summary import _maybe_render as _maybe_render
+from flax.linen.summary import _normalize_structure as _normalize_structure
+from flax.linen.summary import _ObjectRepresentation as _ObjectRepresentation
+from flax.linen.summary import _PartitionedArrayRepresentation as _PartitionedArrayRepresentation
+from flax.linen.summary import _represent_tree as _represent_tree
+from flax.linen.summary import _size_and_bytes_repr as _size_and_bytes_repr
+from flax.linen.summary import _summary_tree_map as _summary_tree_map
+from flax.linen.summary import _ValueRepresentation as _ValueRepresentation
 
 from lift.filters import DenyList
 from lift.rng import is_prng_key
@@ -305,4 +327,5 @@ def tabulate(module: Any, rngs: Any, **options) -> Callable[..., str]:
   return lambda *args, **kwargs: module_table(module, rngs, *args, **options, **kwargs)
 
 
-__all__ = ['tabulate']
+__all__ = ['Array', 'CollectionFilter', 'FrozenVariableDict', 'LogicalNames', 'MutableVariableDict',
+           'PRNGKey', 'RNGSequences', 'tabulate', 'unfreeze']

@@ -3,6 +3,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import os
 import pathlib
 import re
 import sys
@@ -41,7 +42,8 @@ def run(train_lm, out, *flags):
 
 @pytest.fixture(scope='module')
 def whole_run(train_lm, tmp_path_factory):
-  return run(train_lm, tmp_path_factory.mktemp('whole'))
+  """The whole job, its ``--out`` given relative to the working directory."""
+  return run(train_lm, pathlib.Path(os.path.relpath(tmp_path_factory.mktemp('whole'))))
 
 
 def test_result_line_plot_and_checkpoints(whole_run):
@@ -50,6 +52,9 @@ def test_result_line_plot_and_checkpoints(whole_run):
   match = RESULT.search(printed)
   assert match, printed[-2000:]
   accuracy, matches, checkpoint, png = match.groups()
+  # Both paths in one form: absolute, under --out (given relative), whatever the directory.
+  assert pathlib.Path(checkpoint).is_absolute() and pathlib.Path(png).is_absolute()
+  assert pathlib.Path(checkpoint).parent == pathlib.Path(png).parent, (checkpoint, png)
   assert 0.0 <= float(accuracy) <= 1.0
   assert matches == 'True'
   assert pathlib.Path(png).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'

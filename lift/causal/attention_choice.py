@@ -20,10 +20,11 @@ else run on the whole arrays); ``'xla'`` forces the XLA form. `choose_attention`
 which form a call would take, and why.
 """
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 from flax.core import spmd
+from jax.sharding import PartitionSpec
 
 KERNEL_BLOCK = 128
 LOGICAL_NAMES = ('batch', 'length', 'heads', 'kv')
@@ -121,8 +122,8 @@ def _placement(q_shape, k_shape, mesh_axes) -> tuple[tuple | None, str]:
   return derived, f'per shard on {derived} (the logical axis rules of {LOGICAL_NAMES})'
 
 
-def choose_attention(q, k, implementation: str | None = None,
-                     mesh_axes=None) -> AttentionChoice:
+def choose_attention(q: Any, k: Any, implementation: str | None = None,
+                     mesh_axes: PartitionSpec | tuple | None = None) -> AttentionChoice:
   """Which form `causal_self_attention` computes for these arguments, here and now.
 
   Args:

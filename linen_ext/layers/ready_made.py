@@ -43,7 +43,13 @@ class DenseGeneral(NativeLayer):
   flax_class = flax_nn.DenseGeneral
 
 
-class Conv(NativeLayer):
+class _Conv(NativeLayer):
+  """`flax.linen.linear._Conv`: the base of `Conv` and `ConvLocal`, whose subclass says by its
+  ``shared_weights`` property whether the kernel is shared across positions."""
+  flax_class = flax_nn.linear._Conv
+
+
+class Conv(_Conv):
   """`flax.linen.Conv` (padding 'SAME', 'VALID', 'CIRCULAR', 'CAUSAL', ...).
 
   Not for unshared weights per position (`ConvLocal`) or upsampling (`ConvTranspose`).
@@ -146,7 +152,7 @@ class ConvTranspose(NativeLayer):
   flax_class = flax_nn.ConvTranspose
 
 
-class ConvLocal(NativeLayer):
+class ConvLocal(_Conv):
   """`flax.linen.ConvLocal`: a convolution with unshared weights per output position.
 
   Not when weights should be shared across positions: `Conv` has far fewer.

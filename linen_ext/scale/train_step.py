@@ -39,12 +39,16 @@ def make_mesh(devices: Sequence[Any], shape: Mapping[str, int]) -> jax.sharding.
     MeshShapeError: an axis other than the three, or sizes whose product is not the
       number of devices.
   """
-  unknown = set(shape) - set(MESH_AXES)
-  sizes = tuple(int(shape.get(axis, 1)) for axis in MESH_AXES)
-  if unknown or math.prod(sizes) != len(devices) or min(sizes) < 1:
+  unknown = [axis for axis in shape if axis not in MESH_AXES]
+  if unknown:
     raise MeshShapeError(
-        f'mesh {dict(shape)} does not fit {len(devices)} chips: its axes must be among '
-        f'{MESH_AXES} and their sizes multiply to {len(devices)}. Fix: e.g. '
+        f'mesh {dict(shape)}: unknown axis {unknown[0]!r}; the axes are {MESH_AXES}. Fix: '
+        f"only those, e.g. {{'data': {len(devices)}}} (FSDP over every chip).")
+  sizes = tuple(int(shape.get(axis, 1)) for axis in MESH_AXES)
+  if math.prod(sizes) != len(devices) or min(sizes) < 1:
+    raise MeshShapeError(
+        f'mesh {dict(shape)} does not fit {len(devices)} chips: its sizes must be at least 1 '
+        f'and multiply to {len(devices)} (they multiply to {math.prod(sizes)}). Fix: e.g. '
         f"{{'data': {len(devices)}}} (FSDP over every chip) or "
         f"{{'data': {max(len(devices) // 2, 1)}, 'model': 2}}.")
   auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
@@ -170,6 +174,17 @@ def compile_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules
   Not for steps of another form (several optimizers, a custom update): compile
   your own `jax.jit(...).lower(...)` and read it with `compiled_stats`.
   """
+  traced = traced_train_step(model, batch, mesh=mesh, rules=rules, optimizer=optimizer,
+                             loss_fn=loss_fn, offload_optimizer=offload_optimizer)
+  return compile_traced(traced, mesh)
+
+
+def traced_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules: Rules,
+                      optimizer: optax.GradientTransformation,
+                      loss_fn: Callable[..., jax.Array] = next_token_loss,
+                      offload_optimizer: bool = False) -> jax.stages.Traced:
+  """The step `compile_train_step` compiles, traced but not compiled (seconds, where the
+  compile of a large model takes minutes): its jaxpr gives the FLOPs."""
   batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), batch)
   batch_shardings = batch_sharding(batch, mesh, rules)
   abstract = _abstract_state(model, optimizer, batch, mesh)
@@ -182,7 +197,12 @@ def compile_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules
                  out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())),
                  donate_argnums=0)
   with jax.set_mesh(mesh):
-    traced = step.trace(state, _specs(batch, batch_shardings))
+    return step.trace(state, _specs(batch, batch_shardings))
+
+
+def compile_traced(traced: jax.stages.Traced, mesh: jax.sharding.Mesh) -> CompiledStep:
+  """Compiles a `traced_train_step` for ``mesh``, with its per-chip stats."""
+  with jax.set_mesh(mesh):
     lowered = traced.lower()
     started = time.perf_counter()
     compiled = lowered.compile()

@@ -5,11 +5,22 @@ Files: `lifting` (the mechanism: a Module's scopes into a `lift` transform and b
 `user_transforms` (``lift_transform``: a user's own `pack` transform), `method_transforms` (``cond``,
 ``switch``, ``while_loop``, ``vjp``, ... called inside a method with the module), and
 `decoding` (``as_scan`` for a Module).
-"""
-from lift.axes import broadcast
 
+Of `flax.linen.transforms`' other names, Flax's plain helpers are Flax's own, and those of
+the Module system are this package's (``Module``, ``Scope``, ``_is_module_class``); Flax's
+lifting internals are not kept (docs/porting.md, "Every name of `flax.linen`").
+"""
+from flax.linen.transforms import (CollectionFilter, FrozenDict, InOutAxis, InOutScanAxis,
+                                   PRNGSequenceFilter, _check_field_is_hashable,
+                                   _derive_profiling_name)
+
+from lift.axes import broadcast
+from lift.scope import Scope, Variable
+
+from linen_ext.module import Module, _get_unbound_fn, wrap_method_once
 from linen_ext.module.named_call import named_call
 from linen_ext.transforms.decoding import as_scan
+from linen_ext.transforms.lifting import is_module_class as _is_module_class
 from linen_ext.transforms.method_transforms import (cond, custom_vjp, grad, jvp, switch,
                                                     value_and_grad, vjp, while_loop)
 from linen_ext.transforms.module_transforms import (TransformSpec, add_metadata_axis,

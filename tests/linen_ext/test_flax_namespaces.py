@@ -1,16 +1,12 @@
-"""The Flax API surface: signatures, names, re-exports, layer namespaces and the fp8 layers.
+"""The Flax API surface: signatures, names, re-exports and the fp8 layers.
 
 Oracle: flax.linen. Our functions and Module methods take Flax's parameters in Flax's
-order with Flax's defaults (extras may follow); code that reaches a layer through a
-submodule (``nn.linear.Dense``) gets this package's layer; re-exported helpers are
-Flax's own objects; the fp8 ``dot_general`` layers give Flax's variables, outputs,
-gradients and scale updates.
+order with Flax's defaults (extras may follow); re-exported helpers are Flax's own
+objects; the fp8 ``dot_general`` layers give Flax's variables, outputs, gradients and
+scale updates. Every name of every ``flax.linen`` submodule: test_flax_names_walk.py.
 """
 import functools
-import importlib
 import inspect
-import pkgutil
-import typing
 
 import flax.core as fcore
 import flax.linen as flax_nn
@@ -73,44 +69,6 @@ def test_api_names_exist_and_reexports_are_flax_objects():
   for name in ['Dense', 'Conv', 'Embed', 'LayerNorm', 'RMSNorm', 'BatchNorm', 'Dropout',
                'LSTMCell', 'GRUCell', 'MultiHeadDotProductAttention']:
     assert issubclass(getattr(nn, name), nn.Module), name
-
-
-FLAX_SUBMODULES = sorted(m.name for m in pkgutil.iter_modules(flax_nn.__path__))
-MACHINERY = ('module', 'transforms', 'summary')  # flax's Module system; ours is our own
-# flax.core's remat over flax.core scopes, not model code: `lift.checkpoint` is ours.
-NOT_PORTED = {('partitioning', 'core_remat_static')}
-
-
-def _ported_names(namespace: str, theirs) -> list[str]:
-  """The names of ``flax.linen.<namespace>`` that model code imports from there."""
-  names = []
-  for name, value in vars(theirs).items():
-    origin = getattr(value, '__module__', None) or ''
-    if name.startswith('_') or isinstance(value, typing.TypeVar) or (namespace,
-                                                                       name) in NOT_PORTED:
-      continue
-    if namespace in MACHINERY:  # of the machinery, what flax.linen itself exports from there
-      ported = origin == theirs.__name__ and getattr(flax_nn, name, None) is value
-    else:  # what is defined there (`activation` also re-exports jax's functions)
-      ported = origin == theirs.__name__ or (namespace == 'activation'
-                                             and origin.startswith('jax'))
-    if ported:
-      names.append(name)
-  return names
-
-
-@pytest.mark.parametrize('namespace', FLAX_SUBMODULES)
-def test_every_flax_linen_submodule_imports_from_linen_ext(namespace):
-  """``from flax.linen.<sub> import X`` ports as ``from linen_ext.<sub> import X``, a layer
-  being this package's layer of that name."""
-  ours = importlib.import_module(f'linen_ext.{namespace}')
-  assert getattr(nn, namespace) is ours
-  theirs = importlib.import_module(f'flax.linen.{namespace}')
-  for name in _ported_names(namespace, theirs):
-    assert hasattr(ours, name), f'linen_ext.{namespace}.{name}'
-    flax_value = getattr(theirs, name)
-    if inspect.isclass(flax_value) and issubclass(flax_value, flax_nn.Module):
-      assert issubclass(getattr(ours, name), nn.Module), f'linen_ext.{namespace}.{name}'
 
 
 def test_namespace_functions_are_flaxs():

@@ -44,7 +44,7 @@ CASES = [
     case('a mesh whose sizes do not multiply to the chips', _mesh({'data': 3}),
          nn_errors.MeshShapeError, "mesh {'data': 3} does not fit 4 chips", "{'data': 4}"),
     case('a mesh axis other than stage, data and model', _mesh({'fsdp': 4}),
-         nn_errors.MeshShapeError, "('stage', 'data', 'model')"),
+         nn_errors.MeshShapeError, "unknown axis 'fsdp'", "('stage', 'data', 'model')"),
     case('a batch that does not divide over the data axes', _odd_batch,
          nn_errors.BatchShardingError, "batch['inputs']: its 6 examples",
          "data axes ('data',) (4 ways)"),

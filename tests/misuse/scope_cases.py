@@ -38,6 +38,21 @@ def _kept_scope_used_inside(transform):
               flax_error=flax_errors.InvalidScopeError)
 
 
+def _kept_lifted_scope_asked_for(name):
+  """Keeps the scope `lift.checkpoint` gives its body, which makes the parameter "w", and asks
+  it for the parameter ``name`` after the transform returned, still inside the same `init`."""
+  saved = []
+
+  def body(scope, x):
+    saved.append(scope)
+    return x * scope.param('w', jax.nn.initializers.ones, ())
+
+  def outer(scope, x):
+    y = lift.checkpoint(body)(scope, x)
+    return y * saved[0].param(name, jax.nn.initializers.ones, ())
+  return lift.init(outer)(KEY, jnp.ones(()))
+
+
 def _kept_after_apply(keep):
   saved = []
   lift.apply(lambda scope: saved.append(keep(scope)))({'state': {'v': 1.0}})
@@ -143,6 +158,12 @@ CASES = [
     case('a temporary scope used after its block', lambda: _temporary_scope().get_variable(
         'params', 'w'), errors.InvalidScopeError, 'no longer valid'),
     *(_kept_scope_used_inside(t) for t in ('checkpoint', 'jit', 'vmap', 'map_variables')),
+    case('a lifted scope kept after its transform returned, asked for a parameter it made',
+         lambda: _kept_lifted_scope_asked_for('w'), errors.InvalidScopeError, '"remat(/)"',
+         'no longer valid', flax_error=flax_errors.InvalidScopeError),
+    case('a lifted scope kept after its transform returned, asked for a new parameter',
+         lambda: _kept_lifted_scope_asked_for('v'), errors.InvalidScopeError, '"remat(/)"',
+         'no longer valid', flax_error=flax_errors.InvalidScopeError),
     # -- Flax's objects where ours are expected ----------------------------------------------
     case("Flax's scope passed to a lifted transform", lambda: lift.vmap(
         lambda s: 0, {}, {})(flax.core.bind({})), errors.NotAScopeError, 'lifted `vmap`',

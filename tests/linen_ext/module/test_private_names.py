@@ -170,3 +170,67 @@ def lora(nn):
 
 def test_linear_helpers_as_flax():
   assert check_linen_parity(lora)[0][2] == (0, 2)
+
+
+def batch_renorm_ensemble(nn):
+  """A BatchRenorm written as SBX's CrossQ writes it, after Flax's BatchNorm, with
+  ``nn.normalization``'s private helpers, in an ``nn.vmap`` ensemble of two critics: init,
+  two training steps (the second past warm-up, renormalizing) and an evaluation."""
+  class BatchRenorm(nn.Module):
+    use_running_average: bool | None = None
+    momentum: float = 0.9
+    epsilon: float = 1e-3
+    warmup_steps: int = 1
+
+    @nn.compact
+    def __call__(self, x, use_running_average=None):
+      use_running_average = nn.merge_param('use_running_average', self.use_running_average,
+                                           use_running_average)
+      feature_axes = nn.normalization._canonicalize_axes(x.ndim, -1)
+      reduction_axes = tuple(i for i in range(x.ndim) if i not in feature_axes)
+      shape = [x.shape[ax] for ax in feature_axes]
+      ra_mean = self.variable('batch_stats', 'mean', lambda s: jnp.zeros(s, jnp.float32), shape)
+      ra_var = self.variable('batch_stats', 'var', lambda s: jnp.ones(s, jnp.float32), shape)
+      steps = self.variable('batch_stats', 'steps', lambda s: s, 0)
+      if use_running_average:
+        mean, var = ra_mean.value, ra_var.value
+      else:
+        batch_mean, batch_var = nn.normalization._compute_stats(x, reduction_axes, dtype=None)
+        mean, var = batch_mean, batch_var
+        if not self.is_initializing():
+          ra_std = jnp.sqrt(ra_var.value + self.epsilon)
+          r = jnp.clip(jax.lax.stop_gradient(jnp.sqrt(batch_var + self.epsilon) / ra_std), 1 / 3, 3)
+          d = jnp.clip(jax.lax.stop_gradient((batch_mean - ra_mean.value) / ra_std), -5, 5)
+          warm = jnp.greater_equal(steps.value, self.warmup_steps).astype(jnp.float32)
+          mean = warm * (batch_mean - d * jnp.sqrt(batch_var) / r) + (1 - warm) * batch_mean
+          var = warm * (batch_var / r ** 2) + (1 - warm) * batch_var
+          ra_mean.value = self.momentum * ra_mean.value + (1 - self.momentum) * batch_mean
+          ra_var.value = self.momentum * ra_var.value + (1 - self.momentum) * batch_var
+          steps.value += 1
+      return nn.normalization._normalize(
+          self, x, mean, var, reduction_axes, feature_axes, None, jnp.float32, self.epsilon,
+          True, True, nn.initializers.zeros, nn.initializers.ones)
+
+  class Critic(nn.Module):
+    @nn.compact
+    def __call__(self, x, train):
+      x = BatchRenorm(use_running_average=not train)(x)
+      return nn.Dense(1)(nn.relu(nn.Dense(4)(x)))
+
+  Ensemble = nn.vmap(Critic, variable_axes={'params': 0, 'batch_stats': 0},
+                     split_rngs={'params': True}, in_axes=None, axis_size=2)
+  x = jnp.linspace(-1, 2, 12).reshape(4, 3)
+  variables = Ensemble().init(KEY, x, False)
+  outputs = []
+  for step in (1, 2):
+    y, updates = Ensemble().apply(variables, step * x, True, mutable=['batch_stats'])
+    variables = {**variables, **updates}
+    outputs.append(y)
+  return variables, outputs, Ensemble().apply(variables, x, False)
+
+
+def test_normalization_helpers_in_a_vmapped_batch_renorm_as_flax():
+  variables, outputs, _ = check_linen_parity(batch_renorm_ensemble)[0]
+  stats = variables['batch_stats']['BatchRenorm_0']
+  assert stats['steps'].tolist() == [2, 2] and stats['mean'].shape == (2, 3)
+  assert outputs[0].shape == (2, 4, 1)
