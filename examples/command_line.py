@@ -18,10 +18,11 @@ class UsageError(Exception):
   ends with ``Fix:`` and the flags to pass instead."""
 
 
-def fail(message: str) -> NoReturn:
-  """Ends the script: ``error: <message>`` as one line on stderr, exit status 2."""
+def fail(message: str, status: int = 2) -> NoReturn:
+  """Ends the script: ``error: <message>`` as one line on stderr, exit ``status`` (2, a
+  usage error, by default)."""
   sys.stderr.write(f'error: {message}\n')
-  raise SystemExit(2)
+  raise SystemExit(status)
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):

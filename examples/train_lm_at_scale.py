@@ -147,6 +147,43 @@ def load_topology(args) -> nn.scale.Topology:
     raise UsageError(f'--compile-for {args.compile_for}: {error}') from None
 
 
+def plan_flags(args, candidate) -> str:
+  """The command line that compiles ``candidate`` alone."""
+  mesh = ','.join(f'{axis}={size}' for axis, size in candidate.mesh)
+  parts = [f'--compile-for {args.compile_for}', f'--model {args.model}',
+           f'--remat {candidate.remat}', f'--mesh {mesh}']
+  if args.num_slices != 1:
+    parts.insert(1, f'--num-slices {args.num_slices}')
+  if dict(candidate.mesh).get('stage', 1) > 1:
+    parts += [f'--pipeline-stages {dict(candidate.mesh)["stage"]}',
+              f'--microbatches {candidate.microbatches}']
+  if candidate.offload_optimizer:
+    parts.append('--offload-optimizer')
+  return 'python examples/train_lm_at_scale.py ' + ' '.join(parts)
+
+
+def run_plan(args, topology, model, batch) -> dict:
+  """Plans with a line per candidate as it goes; prints the table, the chosen flags and
+  the `plan.configure` call. Ctrl-C stops between compiles."""
+  try:
+    chosen = nn.plan(model, batch, topology, rules=axis_rules, optimizer=llama.optimizer(),
+                     loss_fn=llama.next_token_loss,
+                     memory_limit=int(args.hbm * GIB) if args.hbm else None,
+                     margin=args.margin, remat=args.plan_remat, tensor=args.plan_tensor,
+                     stages=sorted({1, args.pipeline_stages}),
+                     microbatches=[args.microbatches], log=lambda line: print(line, flush=True))
+  except KeyboardInterrupt:
+    command_line.fail('stopped by Ctrl-C; nothing chosen', status=130)
+  print(chosen)
+  best = chosen.best
+  print(f'chosen: {best.describe()}\nto compile it alone: {plan_flags(args, best)}')
+  remat = nn.scale.planner.remat_value(best.remat)
+  print(f'in code: model = plan.configure(model)  # remat={remat!r}; then '
+        f'nn.compile_train_step(model, batch, mesh=nn.scale.make_mesh(devices, '
+        f'{dict(best.mesh)}), offload_optimizer={best.offload_optimizer}, ...)')
+  return report(args, topology, dict(best.mesh), chosen.stats)
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
   """Runs the script on ``argv`` (default: the command line); returns the result line's
   figures. Flags it cannot run with end it before anything compiles, with one line naming
@@ -164,15 +201,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         f'{batch["inputs"].shape}, for {topology.name} x {topology.num_slices} slice(s): '
         f'{topology.chips} chips of {topology.hbm_bytes / GIB:.0f} GiB')
   if args.plan:
-    chosen = nn.plan(model, batch, topology, rules=axis_rules, optimizer=llama.optimizer(),
-                     loss_fn=llama.next_token_loss,
-                     memory_limit=int(args.hbm * GIB) if args.hbm else None,
-                     margin=args.margin, remat=args.plan_remat, tensor=args.plan_tensor,
-                     stages=sorted({1, args.pipeline_stages}),
-                     microbatches=[args.microbatches])
-    print(chosen)
-    print(f'chosen: {chosen.best.describe()}')
-    return report(args, topology, dict(chosen.best.mesh), chosen.stats)
+    return run_plan(args, topology, model, batch)
   assert mesh_shape is not None  # checked by check_flags, which returns None with --plan
   mesh = nn.scale.make_mesh(topology.devices, mesh_shape)
   print(f'mesh {dict(mesh.shape)}, remat {args.remat}, attention {model.attention or "auto"}'

@@ -12,7 +12,6 @@ from typing import Any, NamedTuple
 
 import jax
 
-from lift import rng_counters
 from lift.filters import (Filter, intersect_filters, is_filter_empty, subtract_filters,
                           validate_filter)
 from lift.pack import pack
@@ -37,8 +36,7 @@ def _mapped_mutable(scope_tree: Any, mapped: Filter) -> bool:
   return any(not is_filter_empty(intersect_filters(s.mutable, mapped)) for s in scopes)
 
 
-def _init_pass(fn, config: _MapConfig, scope_fn, repack_fn, groups, rng_groups, args, kwargs,
-               passes: rng_counters.SharedStart):
+def _init_pass(fn, config: _MapConfig, scope_fn, repack_fn, groups, rng_groups, args, kwargs):
   """Runs ``fn`` once on the stored form so it can create mapped variables.
 
   ``map_out_fn`` sees every mapped collection: the mutable ones as the pass left
@@ -47,9 +45,7 @@ def _init_pass(fn, config: _MapConfig, scope_fn, repack_fn, groups, rng_groups, 
   scope_tree = scope_fn(groups, rng_groups)
   if not _mapped_mutable(scope_tree, config.mapped_collections):
     return groups[0]
-  passes.begin(scope_tree)
   fn(scope_tree, *args, **kwargs)
-  passes.end()
   target, _ = repack_fn(scope_tree)
   return tuple(config.map_out_fn({**stored, **created})
                for stored, created in zip(groups[0], target))
@@ -57,21 +53,16 @@ def _init_pass(fn, config: _MapConfig, scope_fn, repack_fn, groups, rng_groups, 
 
 def _map_groups(fn, config: _MapConfig, scope_fn, repack_fn, variable_groups, rng_groups,
                 *args, **kwargs):
-  # Both passes draw from the same counters (the keys of untransformed code), which
-  # end where the one that drew more left them, so later keys are fresh either way.
-  passes = rng_counters.SharedStart()
+  # The main pass continues the counters where the init pass left them, as in Flax: what
+  # it creates again (variables of collections not mapped) gets keys drawn after the pass's.
   target, rest = variable_groups
   if config.init:
-    target = _init_pass(fn, config, scope_fn, repack_fn, variable_groups, rng_groups, args,
-                        kwargs, passes)
+    target = _init_pass(fn, config, scope_fn, repack_fn, variable_groups, rng_groups, args, kwargs)
   target = tuple(config.map_in_fn(x) for x in target)
   target_out = config.init or config.mutable
   inner_mutable = True if target_out else subtract_filters(True, config.mapped_collections)
   scope_tree = scope_fn((target, rest), rng_groups, mutable_filter=inner_mutable)
-  passes.begin(scope_tree)
   y = fn(scope_tree, *args, **kwargs)
-  passes.end()
-  passes.finish()
   out_target, out_rest = repack_fn(scope_tree)
   if target_out:
     out_target = tuple(config.map_out_fn(x) for x in out_target)

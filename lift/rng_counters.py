@@ -2,8 +2,7 @@
 
 `cond` and `switch` trace every branch from the same counters and leave the
 elementwise maximum behind; `while_loop`'s condition and body draw one after
-the other; `map_variables` runs its init pass and its main pass from the same
-counters and leaves the maximum; `jit` traces with zeroed counters to learn how far one call advances them
+the other; `jit` traces with zeroed counters to learn how far one call advances them
 (or, where keys must be hashed while tracing, from the current ones).
 Counter nodes are changed in place and never replaced, because child scopes
 hold references to them.

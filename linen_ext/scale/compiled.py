@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import re
 
 import jax
@@ -38,6 +39,8 @@ class CompiledStats:
     compile_seconds: how long the compilation took.
     cross_slice: the transfers between slices, by kind.
     cross_slice_in_loops: the transfers between slices inside a loop, by kind.
+    collective_bytes: the bytes the collectives produce on each chip in one step, each
+      loop's counted as often as it runs (`collective_bytes`).
   """
   argument_bytes: int
   output_bytes: int
@@ -49,6 +52,7 @@ class CompiledStats:
   compile_seconds: float
   cross_slice: dict[str, int] = dataclasses.field(default_factory=dict)
   cross_slice_in_loops: dict[str, int] = dataclasses.field(default_factory=dict)
+  collective_bytes: int = 0
 
   @property
   def device_bytes(self) -> int:
@@ -143,6 +147,52 @@ def cross_slice_transfers(hlo_text: str) -> tuple[dict[str, int], dict[str, int]
   return dict(every), {kind: n for kind, n in looped.items() if n}
 
 
+_ARRAY = re.compile(r'\b(pred|[subf]\d+|bf16|f8\w*)\[([\d,]*)\]')
+_WHILE = re.compile(r' while\(.*condition=%?([\w.\-]+), body=%?([\w.\-]+)')
+_TRIP = re.compile(r's32\[\][^=]*= s32\[\]\S* constant\((\d+)\)|'
+                   r'= s32\[\]\S* constant\((\d+)\)')
+_STARTED = re.compile(r'= (.*?) (' + '|'.join(COLLECTIVES) + r')(-start)?\(')
+
+
+def _array_bytes(dtype: str, dims: str) -> int:
+  width = 1 if dtype in ('pred',) or dtype.startswith(('f8', 's8', 'u8')) else (
+      2 if dtype in ('bf16', 'f16', 's16', 'u16') else int(dtype[1:]) // 8)
+  return width * math.prod(int(d) for d in dims.split(',') if d)
+
+
+def _trip_count(condition: list[str]) -> int:
+  """A loop's trips: the integer constant its condition compares the counter with
+  (JAX's loops count from 0 up to it); 1 if there is none."""
+  found = [int(a or b) for line in condition for a, b in _TRIP.findall(line)]
+  return max(found, default=1)
+
+
+def collective_bytes(hlo_text: str) -> int:
+  """The bytes the collectives of one run of the program produce on each chip: every
+  collective's result (an async one's output), times the trips of the loops around it."""
+  computations = _computations(hlo_text)
+  entry = next((line.split()[1].lstrip('%') for line in hlo_text.splitlines()
+                if line.startswith('ENTRY ')), None)
+
+  def visit(name: str, times: int) -> int:
+    total = 0
+    for line in computations.get(name, ()):
+      loop = _WHILE.search(line)
+      if loop:
+        total += visit(loop.group(2), times * _trip_count(computations.get(loop.group(1), [])))
+        continue
+      started = _STARTED.search(line)
+      if started:
+        arrays = _ARRAY.findall(started.group(1))
+        if arrays:
+          total += times * (_array_bytes(*arrays[-1]) if started.group(3) else
+                            sum(_array_bytes(*a) for a in arrays))
+      total += sum(visit(m.group(1), times) for m in _CALLEE.finditer(line)
+                   if not line.lstrip().startswith('ROOT') or m.group(1) != name)
+    return total
+  return visit(entry, 1) if entry else 0
+
+
 def compiled_stats(compiled: jax.stages.Compiled, flops: float,
                    compile_seconds: float = 0.0) -> CompiledStats:
   """The `CompiledStats` of ``compiled`` (from ``jax.jit(f).lower(...).compile()``), with
@@ -158,9 +208,11 @@ def compiled_stats(compiled: jax.stages.Compiled, flops: float,
       alias_bytes=memory.alias_size_in_bytes, temp_bytes=memory.temp_size_in_bytes,
       host_bytes=host, flops=float(flops),
       collectives=count_collectives(text), compile_seconds=compile_seconds,
-      cross_slice=cross_slice, cross_slice_in_loops=cross_slice_in_loops)
+      cross_slice=cross_slice, cross_slice_in_loops=cross_slice_in_loops,
+      collective_bytes=collective_bytes(text))
 
 
-__all__ = ['COLLECTIVES', 'CompiledStats', 'compiled_stats', 'count_collectives',
+__all__ = ['COLLECTIVES', 'CompiledStats', 'collective_bytes', 'compiled_stats',
+           'count_collectives',
            'cross_slice_transfers', 'flops_text',
            'size_text']

@@ -1,11 +1,12 @@
 """`plan`: compile a model's training step in several configurations for a topology and
-choose the cheapest that fits.
+choose the fastest that fits.
 
 Which remat policy and which mesh factoring fit a model on a pod is usually found by
 trial runs on the pod. Here each candidate is compiled ahead of time for the target's
 (abstract) chips, and XLA's memory analysis says exactly what each chip would hold:
-the plan is the candidate with the fewest FLOPs per step (the recomputation a policy
-adds) whose need fits under the memory limit with a margin.
+the plan is the candidate whose modelled step time (`step_time`: compute, HBM, host
+transfers, collectives) is least among those that fit under the memory limit with a
+margin. Candidates that cannot win are not compiled (`search`).
 """
 from __future__ import annotations
 
@@ -20,8 +21,12 @@ import optax
 from lift.errors import LiftError
 from linen_ext.errors import PlanError
 from linen_ext.scale.compiled import CompiledStats, size_text
+from linen_ext.scale.flops import jaxpr_flops
+from linen_ext.scale.search import needs_no_less, next_to_compile, precedes
+from linen_ext.scale.step_time import Chip, StepTime, chip_of, compute_floor, modelled_time
 from linen_ext.scale.topology import Topology, tpu_topology
-from linen_ext.scale.train_step import compile_train_step, make_mesh, next_token_loss
+from linen_ext.scale.train_step import (compile_traced, make_mesh, next_token_loss,
+                                        traced_train_step)
 
 REMATS = ('none', 'dots', 'full', 'offload', 'nested')
 
@@ -70,10 +75,20 @@ class Candidate:
 
 @dataclasses.dataclass(frozen=True)
 class Trial:
-  """A candidate and what compiling it gave: its stats, or why it could not compile."""
+  """A candidate and what compiling it gave: its stats and modelled step time, or why it
+  could not compile, or why it was not compiled (``skipped``)."""
   candidate: Candidate
   stats: CompiledStats | None
   error: str | None = None
+  time: StepTime | None = None
+  skipped: str | None = None
+
+  def fits(self, budget: float) -> bool:
+    return self.stats is not None and self.stats.device_bytes <= budget
+
+  def too_big(self, budget: float) -> bool:
+    return (self.stats is not None and not self.fits(budget)) or (
+        self.error is not None and self.error.startswith('RESOURCE_EXHAUSTED'))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,12 +101,18 @@ class Plan:
     trials: every candidate tried, with its stats or why it did not compile.
     memory_limit: the bytes of memory of each chip.
     margin: the fraction of ``memory_limit`` left free, for what the stats do not see.
+    chip: the chip's published figures the step times are modelled with (``None``: not
+      a known TPU; the plan ranks by FLOPs).
+    model_flops: the fewest FLOPs per chip of any candidate traced (no recomputation):
+      MFU's numerator.
   """
   best: Candidate
   stats: CompiledStats
   trials: tuple[Trial, ...]
   memory_limit: int
   margin: float
+  chip: Chip | None = None
+  model_flops: float = 0.0
 
   def configure(self, model: Any) -> Any:
     """``model`` set up as the plan says (its ``remat`` and pipeline fields)."""
@@ -99,15 +120,31 @@ class Plan:
 
   def __str__(self) -> str:
     budget = self.memory_limit * (1 - self.margin)
-    lines = [f'{len(self.trials)} candidates, limit {size_text(self.memory_limit).strip()} '
-             f'per chip ({size_text(budget).strip()} with a {self.margin:.0%} margin):']
+    compiled = sum(t.stats is not None for t in self.trials)
+    lines = [f'{len(self.trials)} candidates ({compiled} compiled), limit '
+             f'{size_text(self.memory_limit).strip()} per chip ({size_text(budget).strip()} '
+             f'with a {self.margin:.0%} margin); step time and MFU modelled, not measured:']
     for trial in self.trials:
       mark = '*' if trial.candidate == self.best else ' '
-      what = trial.stats.row() if trial.stats else f'could not compile: {trial.error}'
-      fits = '' if trial.stats is None else (
-          '  fits' if trial.stats.device_bytes <= budget else '  too big')
-      lines.append(f'{mark} {trial.candidate.describe():<58} {what}{fits}')
+      lines.append(f'{mark} {trial.candidate.describe():<50} '
+                   f'{trial_text(trial, budget, self.chip, self.model_flops)}')
     return '\n'.join(lines)
+
+
+def trial_text(trial: Trial, budget: float, chip: Chip | None, model_flops: float) -> str:
+  """One trial's figures: its stats, modelled time, MFU and whether it fits; or why it
+  was not compiled."""
+  if trial.skipped:
+    return f'skipped: {trial.skipped}'
+  if trial.stats is None:
+    return f'could not compile: {trial.error}'
+  text = trial.stats.row()
+  if trial.time is not None and chip is not None:
+    mfu = model_flops / (trial.time.total * chip.peak_flops)
+    seconds = trial.time.total
+    text += (f'  {seconds:7.2f} s ' if seconds >= 1 else f'  {seconds * 1e3:7.2f} ms')
+    text += f'  {mfu:4.0%} MFU'
+  return text + ('  fits' if trial.fits(budget) else '  too big')
 
 
 def _configured(model: Any, candidate: Candidate) -> Any:
@@ -142,31 +179,55 @@ def candidates(chips: int, *, remat: Sequence[str] = REMATS, tensor: Sequence[in
   return found
 
 
-def _try(model, batch, devices, candidate, rules, optimizer, loss_fn) -> Trial:
+def _trace(model, batch, devices, candidate, rules, optimizer, loss_fn):
+  """The candidate's traced step and FLOPs per chip, or the `Trial` of why it fails."""
+  mesh = make_mesh(devices, dict(candidate.mesh))
   try:
-    step = compile_train_step(
-        _configured(model, candidate), batch, mesh=make_mesh(devices, dict(candidate.mesh)),
+    traced = traced_train_step(
+        _configured(model, candidate), batch, mesh=mesh,
         rules=rules(dict(candidate.mesh)) if callable(rules) else rules, optimizer=optimizer,
         loss_fn=loss_fn, offload_optimizer=candidate.offload_optimizer)
   except PlanError:
     raise
   except (LiftError, ValueError) as error:  # a shape that does not divide, say
     return Trial(candidate, None, str(error).splitlines()[0][:160])
+  return traced, mesh, jaxpr_flops(traced.jaxpr) / mesh.size
+
+
+def _compile(candidate, traced, mesh, chip: Chip | None) -> Trial:
+  try:
+    step = compile_traced(traced, mesh)
   except jax.errors.JaxRuntimeError as error:  # the compiler's own "does not fit"
     if 'RESOURCE_EXHAUSTED' not in str(error):
       raise
-    return Trial(candidate, None, str(error).split('RESOURCE_EXHAUSTED: ')[-1][:160])
-  return Trial(candidate, step.stats)
+    return Trial(candidate, None, 'RESOURCE_EXHAUSTED: '
+                 + str(error).split('RESOURCE_EXHAUSTED: ')[-1][:140])
+  time = modelled_time(step.stats, chip) if chip else None
+  return Trial(candidate, step.stats, time=time)
+
+
+def _rank(trial: Trial) -> tuple:
+  stats = trial.stats
+  assert stats is not None
+  return (trial.time.total if trial.time else stats.flops, stats.flops, stats.host_bytes,
+          stats.device_bytes)
 
 
 def choose(trials: Sequence[Trial], memory_limit: int, margin: float) -> Trial:
+  """The fitting trial with the least modelled step time (FLOPs without a chip model),
+  never one that another fitting trial precedes (`search.precedes`: it cannot be
+  faster, whatever the model's rounding).
+
+  Raises:
+    PlanError: no trial fits, or none compiled.
+  """
   budget = memory_limit * (1 - margin)
   compiled = [t for t in trials if t.stats is not None]
-  fitting = [t for t in compiled if t.stats.device_bytes <= budget]  # type: ignore[union-attr]
-  if fitting:
-    return min(fitting, key=lambda t: (t.stats.flops,  # type: ignore[union-attr]
-                                       t.stats.host_bytes,  # type: ignore[union-attr]
-                                       t.stats.device_bytes))  # type: ignore[union-attr]
+  fitting = [t for t in compiled if t.fits(budget)]
+  undominated = [t for t in fitting if not any(
+      o is not t and precedes(o.candidate, t.candidate) for o in fitting)]
+  if undominated:
+    return min(undominated, key=_rank)
   if not compiled:
     raise PlanError('nn.plan: no candidate compiled: ' + '; '.join(
         f'{t.candidate.describe()}: {t.error}' for t in trials))
@@ -200,14 +261,21 @@ def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
          rules: Sequence[tuple[str, Any]] | Callable[[dict[str, int]], Any],
          remat: Sequence[str] = REMATS, tensor: Sequence[int] = (1,),
          stages: Sequence[int] = (1,), microbatches: Sequence[int] = (1,),
-         offload_optimizer: Sequence[bool] = (False, True)) -> Plan:
+         offload_optimizer: Sequence[bool] = (False, True),
+         log: Callable[[str], None] | None = None) -> Plan:
   """Chooses how to run ``model``'s training step on ``topology``: the candidate with the
-  fewest FLOPs per step that fits ``memory_limit`` per chip with ``margin`` to spare.
+  least modelled step time that fits ``memory_limit`` per chip with ``margin`` to spare.
 
-  Every combination of ``remat`` x mesh (``stage x data x model`` from ``stages`` and
-  ``tensor``; the rest of the chips on ``data``, FSDP) x ``microbatches`` x
-  ``offload_optimizer`` is compiled ahead of time by `compile_train_step` and measured
-  by XLA's memory and cost analyses; nothing runs. ``str(plan)`` is the table.
+  The candidates are every combination of ``remat`` x mesh (``stage x data x model``
+  from ``stages`` and ``tensor``; the rest of the chips on ``data``, FSDP) x
+  ``microbatches`` x ``offload_optimizer``. Each is traced (seconds: its FLOPs); then
+  they are compiled ahead of time by `compile_train_step`, one at a time, and measured
+  by XLA's memory and cost analyses (nothing runs), except those that cannot be chosen:
+  after a candidate fits, those that save more on the same mesh (more recomputation,
+  more host traffic); after one does not, those that save less; and those whose FLOPs
+  alone take longer than a fitting candidate's modelled step (`search`, `step_time`).
+  ``str(plan)`` is the table, skipped candidates with the reason. Ctrl-C stops between
+  compiles (``KeyboardInterrupt``, after ``log`` has the table so far).
 
   Args:
     model: a module with a ``remat`` field passed to its `nn.Stacked` (and
@@ -226,6 +294,8 @@ def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
     stages: sizes of the ``stage`` (pipeline) mesh axis to try.
     microbatches: the pipeline's microbatch counts to try (with ``stages`` > 1).
     offload_optimizer: whether to keep the optimizer state in host memory, to try.
+    log: called with a line as each candidate is traced, compiled or skipped (``print``
+      to follow a long plan); default: silent.
 
   Returns:
     A `Plan`: ``plan.best``, ``plan.configure(model)``, ``plan.stats``, ``str(plan)``.
@@ -239,8 +309,8 @@ def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
     >>> chosen = nn.plan(model, batch, 'v5e-256', rules=rules)  # doctest: +SKIP
     >>> print(chosen)  # the table  # doctest: +SKIP
 
-  Not for tuning speed: FLOPs count recomputation, not the time collectives or host
-  transfers take; measure the chosen configuration's step time on the pod.
+  Not for tuning speed: the step time is modelled from published chip figures, not
+  measured; time the chosen configuration's step on the pod.
   """
   devices, memory_limit = _devices_and_limit(topology, memory_limit)
   optimizer = optimizer or optax.adamw(1e-4)
@@ -249,10 +319,77 @@ def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
   if not found:
     raise PlanError(f'nn.plan: no mesh of tensor {tuple(tensor)} x stages {tuple(stages)} '
                     f'divides {len(devices)} chips. Fix: sizes that divide it.')
-  trials = tuple(_try(model, batch, devices, c, rules, optimizer, loss_fn) for c in found)
+  trials, model_flops = _search(found, lambda c: _trace(model, batch, devices, c, rules, optimizer,
+                                          loss_fn), memory_limit * (1 - margin),
+                   chip_of(devices), log or (lambda line: None))
   best = choose(trials, memory_limit, margin)
   assert best.stats is not None
-  return Plan(best.candidate, best.stats, trials, memory_limit, margin)
+  return Plan(best.candidate, best.stats, trials, memory_limit, margin, chip_of(devices),
+              model_flops)
+
+
+def _search(found: list[Candidate], trace: Callable, budget: float, chip: Chip | None,
+            log: Callable[[str], None]) -> tuple[tuple[Trial, ...], float]:
+  """Traces every candidate, then compiles them in `next_to_compile`'s order, skipping
+  what the results so far settle; the trials, and the fewest FLOPs traced (the model's,
+  without recomputation)."""
+  results: dict[Candidate, Trial] = {}
+  traced: dict[Candidate, tuple] = {}
+  for candidate in found:
+    outcome = trace(candidate)
+    if isinstance(outcome, Trial):
+      results[candidate] = outcome
+      log(f'  {candidate.describe()}: could not trace: {outcome.error}')
+    else:
+      traced[candidate] = outcome
+  log(f'traced {len(found)} candidates; compiling those that can be chosen:')
+  model_flops = min((flops for _, _, flops in traced.values()), default=0.0)
+  undecided = list(traced)
+  try:
+    while undecided:
+      candidate = undecided.pop(next_to_compile(undecided))
+      results[candidate] = _decide(candidate, traced[candidate], results, budget, chip,
+                                   model_flops, log)
+      _settle(results[candidate], undecided, results, budget, log)
+  except KeyboardInterrupt:
+    done = [t for t in results.values() if t.stats is not None]
+    log(f'stopped (Ctrl-C) after {len(done)} compiled: ' + '; '.join(
+        f'{t.candidate.describe()} {size_text(t.stats.device_bytes).strip()}'
+        for t in done if t.stats))
+    raise
+  return tuple(results[c] for c in found), model_flops
+
+
+def _decide(candidate, traced, results, budget, chip, model_flops, log) -> Trial:
+  _, _, flops = traced
+  best = min((t.time.total for t in results.values() if t.time and t.fits(budget)),
+             default=None)
+  if chip is not None and best is not None and compute_floor(flops, chip) > best:
+    reason = (f'its FLOPs alone take {compute_floor(flops, chip):.2f} s, more than the '
+              f'{best:.2f} s modelled for a candidate that fits')
+    log(f'  {candidate.describe()}: skipped: {reason}')
+    return Trial(candidate, None, skipped=reason)
+  log(f'  {candidate.describe()}: compiling ...')
+  trial = _compile(candidate, traced[0], traced[1], chip)
+  log(f'  {candidate.describe()}: {trial_text(trial, budget, chip, model_flops)}')
+  return trial
+
+
+def _settle(trial: Trial, undecided: list, results: dict, budget: float, log) -> None:
+  """Skips the undecided candidates ``trial``'s outcome settles."""
+  name = trial.candidate.describe()
+  if trial.fits(budget):
+    settled = [c for c in undecided if precedes(trial.candidate, c)]
+    reason = f'saves more than {name}, which fits'
+  elif trial.too_big(budget):
+    settled = [c for c in undecided if needs_no_less(c, trial.candidate)]
+    reason = f'saves less than {name}, which does not fit'
+  else:
+    return
+  for candidate in settled:
+    undecided.remove(candidate)
+    results[candidate] = Trial(candidate, None, skipped=reason)
+    log(f'  {candidate.describe()}: skipped: {reason}')
 
 
 __all__ = ['Candidate', 'Plan', 'REMATS', 'Trial', 'candidates', 'choose', 'plan', 'remat_value']

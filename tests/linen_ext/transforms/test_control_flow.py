@@ -4,13 +4,14 @@ Each model is written once as a function of ``nn``; `check_linen_parity` runs it
 linen_ext and flax.linen and compares variables, outputs, mutated state and gradients.
 """
 
+import flax.linen as flax_nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import linen_ext as nn
-from tests.helpers import assert_trees_close, check_linen_parity
+from tests.helpers import assert_trees_close, assert_trees_equal, check_linen_parity
 
 KEY = jax.random.key(0)
 X = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
@@ -197,6 +198,47 @@ def test_cond_and_switch_take_the_selected_branch_under_jit(name, index):
     _, state = model().apply(model().init(KEY, X, True), X, False, mutable=['state'])
     # init took the true branch; this apply the false one.
     assert (int(state['state']['true_count']), int(state['state']['false_count'])) == (1, 1)
+
+
+def dropout_branches(nn, kind, scales):
+  """Branch j: ``scales[j]`` times dropout, and a key drawn at the module; a key after it."""
+  class Branching(nn.Module):
+    @nn.compact
+    def __call__(self, x, index):
+      def branch(scale):
+        return lambda m, x: (scale * nn.Dropout(0.5, deterministic=False)(x),
+                             jax.random.bits(m.make_rng('dropout'), (2,)))
+      branches = [branch(scale) for scale in scales]
+      y = (nn.cond(index, *branches, self, x) if kind == 'cond'
+           else nn.switch(index, branches, self, x))
+      return y, jax.random.bits(self.make_rng('dropout'), (2,))
+  return Branching()
+
+
+class Unrolled(flax_nn.Module):
+  """The keys of untransformed code: ``n`` calls of one Dropout, ``n`` draws at the module."""
+  @flax_nn.compact
+  def __call__(self, x, n):
+    dropout = flax_nn.Dropout(0.5, deterministic=False)
+    return ([dropout(x) for _ in range(n)],
+            [jax.random.bits(self.make_rng('dropout'), (2,)) for _ in range(n)])
+
+
+@pytest.mark.parametrize('kind, index', [('cond', True), ('cond', False)] + [
+    ('switch', i) for i in range(3)])
+def test_branch_keys_at_apply_are_the_untransformed_ones(kind, index):
+  """Ours: the taken branch draws the keys it draws without the transform, and a draw after it
+  follows the draws of the branch that drew most (here each draws one key). Flax: JAX traces
+  the branches in turn (cond: the true one first), each drawing after those traced before it,
+  and a draw after follows every branch's."""
+  scales = (1.0, -1.0) if kind == 'cond' else (1.0, -1.0, 2.0)
+  rngs = {'dropout': jax.random.key(3)}
+  taken = (0 if index else 1) if kind == 'cond' else index  # also its place in tracing order
+  masks, keys = Unrolled().apply({}, X, len(scales) + 1, rngs=rngs)
+  ours = dropout_branches(nn, kind, scales).apply({}, X, index, rngs=rngs)
+  theirs = dropout_branches(flax_nn, kind, scales).apply({}, X, index, rngs=rngs)
+  assert_trees_equal(ours, ((scales[taken] * masks[0], keys[0]), keys[1]))
+  assert_trees_equal(theirs, ((scales[taken] * masks[taken], keys[taken]), keys[len(scales)]))
 
 
 @pytest.mark.parametrize('vjp_variables', [False, 'params', True, ['params'], 'batch_stats'])

@@ -194,6 +194,50 @@ def test_map_variables_init_and_mutable_match_flax(init, mutable):
   assert_trees_close(ours[1], X @ (2 * kernel) + 2 * bias[None], depth=1)
 
 
+def leaf(nn):
+  """A Dense, a count in 'cache', a 'stats' offset drawn from 'params', and dropout."""
+  class Leaf(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      count = self.variable('cache', 'count', jnp.zeros, (), jnp.int32)
+      if self.is_mutable_collection('cache'):
+        count.value += 1
+      offset = self.variable('stats', 'offset',
+                             lambda: jax.random.normal(self.make_rng('params'), (3,)))
+      return nn.Dropout(0.5, deterministic=False)(nn.Dense(3)(x)) + offset.value[None]
+  return Leaf
+
+
+LEAF_RNGS = {'params': KEY, 'dropout': jax.random.key(1)}
+
+
+def test_map_variables_init_over_cache_gives_flax_initial_values():
+  """Flax's init pass draws the first keys; the main pass creates the Dense again after them."""
+  def build(nn):
+    model = nn.map_variables(leaf(nn), 'cache', init=True)()
+    y, variables = model.init_with_output(LEAF_RNGS, X)
+    return y, variables, model.apply(variables, X, rngs=LEAF_RNGS, mutable='cache')
+  (_, ours, _), (_, theirs, _) = check_linen_parity(build)
+  kernel = ours['params']['Dense_0']['kernel']
+  assert_trees_equal(kernel, theirs['params']['Dense_0']['kernel'])
+  plain = leaf(nn)().init(LEAF_RNGS, X)['params']['Dense_0']['kernel']
+  assert not jnp.array_equal(kernel, plain)  # not the untransformed module's kernel
+
+
+def test_map_variables_init_over_params_gives_flax_initial_values():
+  """The params are the init pass's (untransformed) ones; 'stats' and dropout draw after it."""
+  def build(nn):
+    double = lambda tree: jax.tree.map(lambda a: 2.0 * a, tree)
+    halve = lambda tree: jax.tree.map(lambda a: a / 2.0, tree)
+    model = nn.map_variables(leaf(nn), 'params', double, halve, init=True)()
+    y, variables = model.init_with_output(LEAF_RNGS, X)
+    return y, variables, model.apply(variables, X, rngs=LEAF_RNGS)
+  (_, ours, _), _ = check_linen_parity(build)
+  plain = leaf(nn)().init(LEAF_RNGS, X)
+  assert_trees_equal(jax.tree.map(lambda a: 2.0 * a, ours['params']), plain['params'])
+  assert not jnp.array_equal(ours['stats']['offset'], plain['stats']['offset'])
+
+
 def test_map_variables_on_batch_stats_and_a_list_filter_match_flax():
   def build(nn):
     shift = lambda d: lambda v: jax.tree.map(lambda a: a + d, v)
