@@ -5,11 +5,61 @@ change to this file only. Tested against the versions in pyproject.toml.
 """
 from __future__ import annotations
 
+import glob as _glob
+import importlib.util as _importlib_util
 import os as _os
+import sysconfig as _sysconfig
 
 import numpy as _np
 
+from jax._src import hardware_utils as _hardware_utils
 from jax._src import traceback_util as _traceback_util
+
+
+# --- libtpu on a machine without TPU chips (run on import, before JAX starts a backend).
+# With libtpu installed (the `[tpu]` extra: the compiler `tpu_topology` uses), JAX's first
+# operation starts every backend it knows, the TPU one too: libtpu initialises as a runtime,
+# and where JAX found no chip it has set TPU_SKIP_MDS_QUERY (no metadata server to ask), so
+# libtpu reads the worker hostnames and accelerator type from the environment, finds
+# neither, prints an `E0000 ... INVALID_ARGUMENT ... TPU_WORKER_HOSTNAMES` error and
+# "could not determine TPU accelerator type" on stderr, then fails quietly (JAX carries on
+# with the CPU). libtpu does the same when `jax.experimental.topologies` first loads it.
+# Saying what such a machine is (one host, itself) makes it fail quietly, and changes
+# neither the topologies it describes nor what it compiles for them.
+LIBTPU_SINGLE_HOST = {'TPU_WORKER_HOSTNAMES': 'localhost', 'TPU_HOST_BOUNDS': '1,1,1'}
+# Any of these set means someone configured libtpu: leave the environment as it is.
+_LIBTPU_SETTINGS = ('TPU_WORKER_HOSTNAMES', 'TPU_HOST_BOUNDS', 'TPU_ACCELERATOR_TYPE',
+                    'TPU_CHIPS_PER_HOST_BOUNDS', 'TPU_PROCESS_BOUNDS',
+                    'TPU_CHIPS_PER_PROCESS_BOUNDS', 'TPU_PROCESS_ADDRESSES',
+                    'TPU_VISIBLE_CHIPS', 'TPU_VISIBLE_DEVICES', 'JAX_FORCE_TPU_INIT')
+
+
+def tpu_chips_present() -> bool:
+  """Whether this machine may have TPU chips: JAX's count of them on the PCI bus, or a
+  TPU's device files (``/dev/accel*``, a VFIO group). True where that cannot be told."""
+  try:
+    chips, _ = _hardware_utils.num_available_tpu_chips_and_device_id()
+    vfio_groups = ([name for name in _os.listdir('/dev/vfio') if name != 'vfio']
+                   if _os.path.isdir('/dev/vfio') else [])
+  except (AttributeError, OSError, ValueError):
+    return True
+  return chips > 0 or bool(_glob.glob('/dev/accel*')) or bool(vfio_groups)
+
+
+def quiet_libtpu_without_chips() -> bool:
+  """Sets `LIBTPU_SINGLE_HOST` in the environment where libtpu is installed, this machine
+  has no TPU chip and nothing configures libtpu already; whether it did. JAX's platform
+  choice (``JAX_PLATFORMS``) is never touched, and a machine with TPUs is left alone."""
+  installed = bool(_os.environ.get('TPU_LIBRARY_PATH')) or (
+      _importlib_util.find_spec('libtpu') is not None)
+  if (not installed or any(name in _os.environ for name in _LIBTPU_SETTINGS)
+      or tpu_chips_present()):
+    return False
+  _os.environ.update(LIBTPU_SINGLE_HOST)
+  return True
+
+
+quiet_libtpu_without_chips()
 
 
 # Folders of the packages whose frames are hidden: source locations skip them too.
@@ -144,6 +194,36 @@ def call_site(eqn: JaxprEqn) -> tuple:
   it derives from a loop (partial evaluation, transposition) the same ones."""
   return tuple((f.file_name, f.start_line, f.start_column, f.function_name)
                for f in _source_info_util.user_frames(eqn.source_info.traceback))
+
+
+_INSTALLED = tuple(_sysconfig.get_paths()[key] for key in ('purelib', 'platlib'))
+
+
+def user_site(eqn: JaxprEqn) -> tuple:
+  """`call_site` without the frames of the packages that hide theirs: a library's loop
+  and the one its hand-written backward pass runs (a custom VJP) differ only in those."""
+  folders = tuple(_LIBRARY_FOLDERS)
+  return tuple(site for site in call_site(eqn) if not site[0].startswith(folders))
+
+
+def operation_frame(eqn: JaxprEqn) -> tuple | None:
+  """(frame, None) for the user's code that traced `eqn`: the innermost frame outside
+  JAX, the packages that hide their frames and the installed ones (Flax's layers), else
+  as `user_frame`. Where the traceback stops inside a package that hides its frames (a
+  function it traced with `jax.make_jaxpr`): (that package's innermost frame, its module
+  name: ``lift.causal.attention``). None where JAX alone made `eqn`."""
+  frames = list(_source_info_util.user_frames(eqn.source_info.traceback))
+  folders = tuple(_LIBRARY_FOLDERS)
+  users = [f for f in frames if not f.file_name.startswith(folders)]
+  own = [f for f in users if not f.file_name.startswith(_INSTALLED)]
+  if users:
+    return (own or users)[0], None
+  if not frames:
+    return None
+  inner = frames[0]
+  folder = next(f for f in _LIBRARY_FOLDERS if inner.file_name.startswith(f))
+  relative = _os.path.relpath(inner.file_name, _os.path.dirname(folder.rstrip(_os.sep)))
+  return inner, _os.path.splitext(relative)[0].replace(_os.sep, '.')
 
 
 def name_stack_parts(eqn: JaxprEqn) -> tuple[tuple[str, ...], tuple[str, ...]]:

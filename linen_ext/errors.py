@@ -478,3 +478,8 @@ class BatchShardingError(ScaleError):
 class PlanError(ScaleError):
   """`nn.plan` found no candidate that fits the memory limit (the message names the
   smallest need and the candidate that has it), or got a model it cannot vary."""
+
+
+class ModelStateError(ScaleError):
+  """An NNX model given to `nn.compile_train_step` or `nn.plan` holds variables other than
+  `nnx.Param` ones (RNG streams, batch statistics), which the step would not update."""

@@ -9,6 +9,7 @@ units of its last shown digit (another CPU rounds a trained model's loss differe
 """
 import contextlib
 import dataclasses
+import html as html_text
 import inspect
 import io
 import math
@@ -26,6 +27,7 @@ from markdown_it import MarkdownIt
 import lift
 import linen_ext
 from lift import loops
+from linen_ext.scale import planner
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / 'docs'
@@ -126,7 +128,8 @@ def test_site_builds_strict():
   stray = [line for line in (built.stdout + built.stderr).splitlines()
            if line.strip() and not line.startswith('INFO')]
   assert not stray, '\n'.join(stray)
-  problems = constructor_problems(api_sections(ROOT / 'site' / 'api'))
+  sections = api_sections(ROOT / 'site' / 'api')
+  problems = constructor_problems(sections) + reading_problems(sections)
   assert not problems, '\n'.join(problems)
 
 
@@ -183,11 +186,49 @@ def constructor_problems(sections: dict[str, str]) -> list[str]:
     signature = re.search(r'<div class="doc-signature.*?</div>', section, re.S)
     shown = set(re.findall(r'<span class="n">(\w+)</span>', signature.group(0) if signature
                            else ''))
-    table = re.search(r'>Fields:</span>.*?</table>', section, re.S)
+    table = re.search(r'>Fields:?</span>.*?</table>', section, re.S | re.I)  # FIELDS: spacy
     rows = set(re.findall(r'<tr class="doc-section-item">\s*<td>\s*<code>(\w+)</code>',
                           table.group(0) if table else ''))
     problems += [f'{min(paths)}: {name!r} is not in its signature'
                  for name in names if name not in shown]
     problems += [f'{min(paths)}: field {name!r} has no row in its Fields table'
                  for name in names if are_fields and name not in rows]
+  return problems
+
+
+# The objects the guides call by their `nn.` name (`linen_ext`'s names loaded on first use):
+# their heading on the API page is that name, not the module path.
+NN_HEADINGS = {'linen_ext.scale.tpu_topology': 'nn.tpu_topology',
+               'linen_ext.scale.compile_train_step': 'nn.compile_train_step',
+               'linen_ext.scale.plan': 'nn.plan'}
+# Constant-looking defaults whose name is what they mean: Flax's sentinel for `parent`.
+NAMED_DEFAULTS = {'UNSPECIFIED'}
+
+
+def text_of(html: str) -> str:
+  """The text a reader sees of some HTML (tags dropped, entities decoded, no permalink)."""
+  return html_text.unescape(re.sub(r'<[^>]+>', '', html)).replace('\u00b6', '').strip()
+
+
+def reading_problems(sections: dict[str, str]) -> list[str]:
+  """What a reader of the API pages would miss: an object headed by its module path where
+  the guides call it `nn.name`, or a default shown as the name of a constant (``REMATS``)
+  rather than what it holds, as `nn.plan`'s ``remat`` once was."""
+  problems = [f'{ident}: headed {text_of(sections[ident].split("</h3>")[0])!r}, not {name!r} '
+              'as the guides call it' for ident, name in NN_HEADINGS.items()
+              if ident in sections and text_of(sections[ident].split('</h3>')[0]) != name]
+  problems += [f'{ident}: no section on an API page' for ident in NN_HEADINGS
+               if ident not in sections]
+  for ident, section in sections.items():
+    signature = re.search(r'<div class="doc-signature.*?</div>', section, re.S)
+    shown = text_of(signature.group(0)) if signature else ''
+    problems += [f"{ident}: the signature shows {name}={default}, a constant's name, not "
+                 'what it holds' for name, default in re.findall(r'(\w+)=([A-Z][A-Z0-9_]+)\b',
+                                                                shown)
+                 if default not in NAMED_DEFAULTS]
+  plan = re.sub(r'\s+', ' ', text_of(sections.get('linen_ext.scale.plan', ''))).replace('"', "'")
+  remats = repr(planner.REMATS)
+  if f'remat={remats}' not in plan or f'DEFAULT: {remats}' not in plan:
+    problems.append(f'linen_ext.scale.plan: remat\'s default {remats} is not spelled out in '
+                    'its signature and its parameters table')
   return problems

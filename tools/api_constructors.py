@@ -11,7 +11,9 @@ an ``Attributes:`` section (the class's, a base's, the Flax layer's, another Fla
 layer's), the field's own docstring, `FLAX_FIELD_LINES` (fields Flax leaves undocumented).
 An entry of the class's own ``Attributes:`` section moves to the table. Mentions of a
 class Flax's API reference documents (`flax.linen.Dense`) link to Flax's page, and a class
-of `linen_ext` exported under such a name links it if its docstring does not.
+of `linen_ext` exported under such a name links it if its docstring does not. A default
+that names a constant of ours holding a literal (``remat=REMATS``) is shown as that literal
+(``remat=('none', 'dots', ...)``): the reader sees what it holds.
 
 mkdocs.yml loads it (``extensions:`` of the python handler of mkdocstrings).
 """
@@ -91,6 +93,8 @@ class ConstructorsExtension(griffe.Extension):
     """Runs on `lift` and `linen_ext` once griffe has read them."""
     if pkg.name not in PACKAGES:
       return
+    for function in functions(pkg):
+      spell_out_constant_defaults(function)
     for cls in public_classes(pkg):
       runtime = runtime_object(cls)
       if not isinstance(runtime, type):
@@ -109,6 +113,35 @@ def public_classes(obj: griffe.Module | griffe.Class) -> Iterator[griffe.Class]:
       yield member
     if isinstance(member, griffe.Module | griffe.Class):
       yield from public_classes(member)
+
+
+def functions(obj: griffe.Module | griffe.Class) -> Iterator[griffe.Function]:
+  """The functions and methods defined under ``obj`` (nested ones too); aliases skipped."""
+  for member in obj.members.values():
+    if member.is_alias:
+      continue
+    if isinstance(member, griffe.Function):
+      yield member
+    elif isinstance(member, griffe.Module | griffe.Class):
+      yield from functions(member)
+
+
+def spell_out_constant_defaults(function: griffe.Function) -> None:
+  """Replaces each default that names a module-level constant of the function's module
+  holding a literal (a tuple of names, a number) by the literal, as written there."""
+  for parameter in function.parameters:
+    default = parameter.default
+    if not isinstance(default, griffe.ExprName):
+      continue
+    constant = function.module.members.get(default.name)
+    if (constant is None or constant.is_alias or not isinstance(constant, griffe.Attribute)
+        or constant.value is None):
+      continue
+    try:
+      ast.literal_eval(str(constant.value))
+    except (ValueError, SyntaxError):
+      continue  # a call, a function, a sentinel: its name says more than its value
+    parameter.default = constant.value
 
 
 def runtime_object(cls: griffe.Class) -> Any:

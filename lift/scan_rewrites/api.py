@@ -126,12 +126,16 @@ def optimize_scans(fn: Callable, *, rewrites: Sequence[str] | None = None) -> Ca
 def explain_scans(fn: Callable, *args, rewrites: Sequence[str] | None = None, **kwargs) -> ScanReport:
   """Reports what `optimize_scans(fn, rewrites=rewrites)` does to ``fn(*args, **kwargs)``.
 
-  The report names each loop by the function and line that wrote it and by
-  its role: forward, or the backward loop of a forward one (JAX derives it
-  by transposing), nested or not. It names values by what they hold: an
-  argument's pytree path (``variables/params/cell/ii/kernel``), the gradient
-  of one (a backward loop's carry whose final value is that gradient, found
-  by matching output paths to input paths), or a loop's own state.
+  The report lists every loop of the program by the function and line that
+  wrote it and by its role: forward, the backward loop of a forward one (JAX
+  derives it by transposing; nested remat writes its own), or a forward loop
+  that the backward pass runs again; nested or not. It names values by what
+  they hold: an argument's pytree path (``variables/params/cell/ii/kernel``),
+  the gradient of one (a backward loop's carry whose final value is that
+  gradient, found by matching output paths to input paths), or a loop's own
+  state; and other moved work by the code that traced it (an expression of
+  the user's code, with its function and line) or, for work no code wrote,
+  by what it does (the rounding `jax.checkpoint` puts on a value it saves).
 
   Examples:
     >>> def total(xs):

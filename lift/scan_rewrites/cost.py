@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from lift import _compat
-from lift.scan_rewrites import names
+from lift.scan_rewrites import names, origins
 
 MAX_ROWS_PER_STEP = 16
 
@@ -70,10 +70,10 @@ def batched(ctx, loop, eqns, per_step: set) -> str:
   number = ctx.naming.loop(loop.eqn).number
   inner = [ctx.naming.nested({number}, e, ctx.naming.loop(loop.eqn).role) for e in eqns
            if e.primitive.name == 'scan']
-  others = sorted({e.primitive.name for e in eqns if e.primitive.name not in ('dot_general', 'scan')})
+  others = [e for e in eqns if e.primitive.name not in ('dot_general', 'scan')]
   what = ', '.join([product(ctx, loop, e) for e in dots] +
                    [f'loop {i.number}' if i else 'a nested loop' for i in inner] +
-                   ([f'{", ".join(others)} equation(s)'] if others else []))
+                   ([origins.describe(others, ctx.naming.body(loop.eqn).source)] if others else []))
   if not ctx.cost_model:
     return f'{what}: named in `rewrites`'
   verdicts = [batching_pays(e, per_step, ctx.differentiated) for e in dots]

@@ -84,6 +84,11 @@ class Level:
   loop: int | None = None  # the loop whose body it is
   backward: bool = False  # whether it is part of a backward pass
   names: Names = dataclasses.field(default_factory=lambda: Names({}, {}, {}, {}))  # `look_at`
+  # The name stacks of the equations holding it inside its loop's body (or the traced
+  # function), outermost first, and the innermost of them.
+  transforms: tuple = ()
+  scopes: tuple = ()
+  within: Any = None
 
 
 def argument_names(fn, args: tuple, kwargs: dict) -> tuple[list[str], list[tuple]]:
@@ -151,7 +156,8 @@ class Naming:
     self.top = top or Level([], [])
     self.levels: list[Level] = []
     self.loops: list[LoopInfo] = []
-    self._sites: dict[int, tuple] = {}  # loop number -> call site
+    self._sites: dict[int, tuple] = {}  # loop number -> (call site, the user's part of it)
+    self._reverse: dict[int, bool] = {}  # loop number -> whether it runs backwards
     self._tracebacks: dict[int, Any] = {}  # loop number -> its equation's traceback
     self._paired: set[int] = set()  # forward loops given a backward loop
 
@@ -199,8 +205,10 @@ class Naming:
     jaxpr = getattr(closed, 'jaxpr', closed)
     if eqn.primitive.name == 'cond':  # the branches read all but the index
       inputs = inputs[1:]
-    backward = outer.backward or 'transpose' in _compat.name_stack_parts(eqn)[0]
-    return Level(_fit(inputs, len(jaxpr.invars)), _fit(outputs, len(jaxpr.outvars)), outer.loop, backward)
+    transforms, scopes = _compat.name_stack_parts(eqn)
+    return Level(_fit(inputs, len(jaxpr.invars)), _fit(outputs, len(jaxpr.outvars)), outer.loop,
+                 outer.backward or 'transpose' in transforms,
+                 transforms=outer.transforms + transforms, scopes=outer.scopes + scopes, within=eqn)
 
   def _loops(self, jaxpr, level: Level) -> tuple[dict, dict]:
     """The loops of `jaxpr`, numbered as when last seen: the same traceback
@@ -211,54 +219,76 @@ class Naming:
     seen: dict = {}
     for eqn in jaxpr.eqns:
       if eqn.primitive.name == 'scan':
-        transforms, scopes = _compat.name_stack_parts(eqn)
-        backward = level.backward or 'transpose' in transforms
-        role = ('recomputed forward' if backward and RECOMPUTED_SCOPE in scopes
-                else 'backward' if backward else 'forward')
-        kind = (eqn.source_info.traceback, role)
-        found.append((eqn, (*kind, seen.setdefault(kind, 0)), scopes))
+        kind = (eqn.source_info.traceback, self._role(eqn, level))
+        found.append((eqn, (*kind, seen.setdefault(kind, 0))))
         seen[kind] += 1
-    here = {previous[key].number for _, key, _ in found if key in previous}
+    here = {previous[key].number for _, key in found if key in previous}
     loops, keys = {}, {}
-    for eqn, key, scopes in found:
+    for eqn, key in found:
       info = (previous.get(key) or self.nested(here, eqn, key[1])
-              or self._register(eqn, key[1], level, scopes))
+              or self._register(eqn, key[1], level))
       loops[id(eqn)] = keys[key] = info
     return loops, keys
+
+  def _role(self, eqn, level: Level) -> str:
+    """'forward', 'backward' or 'recomputed forward'. In a backward pass, a loop that
+    JAX did not transpose itself (``transpose`` not in its name stack: the loops of a
+    transposed loop's body, or of a hand-written backward pass such as nested remat's)
+    is a forward loop run again if it runs in the direction of the forward loop it
+    comes from, a backward loop if against it (JAX transposes a loop into a reversed one)."""
+    transforms, scopes = _compat.name_stack_parts(eqn)
+    transforms = level.transforms + transforms
+    if not (level.backward or 'transpose' in transforms):
+      return 'forward'
+    if RECOMPUTED_SCOPE in level.scopes + scopes:
+      return 'recomputed forward'
+    if 'transpose' in transforms:
+      return 'backward'
+    original, _ = self._origin(eqn, level, ('forward',), unpaired=False)
+    same_way = original is not None and self._reverse[original.number] == eqn.params['reverse']
+    return 'recomputed forward' if same_way else 'backward'
+
+  def _origin(self, eqn, level: Level, roles: tuple, unpaired: bool) -> tuple:
+    """(the last loop of `roles` and `eqn`'s length, traced where `eqn` was, or None;
+    the equation whose site matched). Where: the call site of `eqn`, else its user's
+    part (a custom VJP's backward runs in other library frames), else those of the
+    equation holding `eqn` (JAX gave some derived loops the traceback of an outer one)."""
+    for origin in [e for e in (eqn, level.within) if e is not None]:
+      for kind, site in enumerate((_compat.call_site(origin), _compat.user_site(origin))):
+        if kind and not site:  # no user frame: every library loop would match
+          continue
+        for wanted in roles:
+          found = [i for i in self.loops if i.role == wanted and i.steps == eqn.params['length']
+                   and self._sites[i.number][kind] == site
+                   and not (unpaired and i.number in self._paired)]
+          if found:
+            return found[-1], origin
+    return None, eqn
+
+  def _register(self, eqn, role: str, level: Level) -> LoopInfo:
+    forward, origin = None, eqn
+    if role != 'forward':  # a backward loop pairs with a forward loop not yet paired
+      roles = ('forward',) if role == 'recomputed forward' else ('forward', 'recomputed forward')
+      forward, origin = self._origin(eqn, level, roles, unpaired=role == 'backward')
+      if forward and role == 'backward':
+        self._paired.add(forward.number)
+    frame = _compat.user_frame(origin)
+    scopes = [s for s in level.scopes + _compat.name_stack_parts(eqn)[1] if s != RECOMPUTED_SCOPE]
+    scope = ''.join(scopes[-1:]).partition('._')[0]  # Stacked_0._loop, a private method: Stacked_0
+    info = LoopInfo(len(self.loops) + 1, frame.function_name if frame else '',
+                    frame.start_line if frame else 0, _location(frame) if frame else '', role,
+                    eqn.params['length'], forward.number if forward else None, level.loop, scope)
+    self.loops.append(info)
+    self._sites[info.number] = (_compat.call_site(origin), _compat.user_site(origin))
+    self._reverse[info.number] = eqn.params['reverse']
+    self._tracebacks[info.number] = eqn.source_info.traceback
+    return info
 
   def nested(self, parents, eqn, role: str) -> LoopInfo | None:
     """The loop nested in one of the loops numbered `parents` that `eqn` (a
     scan with `role`) comes from: the same traceback."""
     return next((i for i in self.loops if i.parent in parents and i.role == role
                  and self._tracebacks[i.number] is eqn.source_info.traceback), None)
-
-  def _register(self, eqn, role: str, level: Level, scopes) -> LoopInfo:
-    site = _compat.call_site(eqn)
-    frame = _compat.user_frame(eqn)
-    scope = [s for s in scopes if s != RECOMPUTED_SCOPE][-1:]
-    info = LoopInfo(len(self.loops) + 1, frame.function_name if frame else '',
-                    frame.start_line if frame else 0, _location(frame) if frame else '', role,
-                    eqn.params['length'], self._forward(site, role), level.loop, ''.join(scope))
-    self.loops.append(info)
-    self._sites[info.number] = site
-    self._tracebacks[info.number] = eqn.source_info.traceback
-    return info
-
-  def _forward(self, site: tuple, role: str) -> int | None:
-    """The forward loop a derived loop comes from: the last one traced at
-    `site` (for a backward loop, not yet paired; else, under `jax.checkpoint`,
-    the forward loop it recomputes, JAX having kept no site for the first)."""
-    if role == 'forward':
-      return None
-    roles = ('forward',) if role == 'recomputed forward' else ('forward', 'recomputed forward')
-    for wanted in roles:
-      found = [i.number for i in self.loops if i.role == wanted and self._sites[i.number] == site
-               and (role != 'backward' or i.number not in self._paired)]
-      if found:
-        if role == 'backward':
-          self._paired.add(found[-1])
-        return found[-1]
-    return None
 
 
 def _location(frame) -> str:

@@ -11,6 +11,7 @@ out they become arrays the loop reads every step.
 from __future__ import annotations
 
 from lift import _compat
+from lift.scan_rewrites import origins
 from lift.scan_rewrites.hoist import hoisted
 from lift.scan_rewrites.loop import available, closure_of
 from lift.scan_rewrites.passes import per_loop
@@ -43,11 +44,12 @@ def _rewrite_loop(loop, outer, ctx):
 
 
 def _detail(ctx, loop, movable) -> str:
-  """What moved: the equations and the constants they read."""
+  """What moved, by the code that traced it, and the constants it reads."""
   eqns = [e for e, m in zip(loop.body.jaxpr.eqns, movable) if m]
-  prims = sorted({e.primitive.name for e in eqns})
   consts = loop.split_inputs(loop.body.jaxpr.invars)[0]
   read = {v for e in eqns for v in e.invars if isinstance(v, _compat.Var)}
   named = [ctx.describe(loop, 'constant', i) for i, v in enumerate(consts) if v in read]
-  return (f'{len(eqns)} equation(s) ({", ".join(prims)}) computed once before the loop instead of '
-          f'at each of the {loop.length} steps: they read only {", ".join(named) or "values fixed before the loop"}')
+  work = origins.describe(eqns, ctx.naming.body(loop.eqn).source)
+  return (f'{len(eqns)} equation(s) computed once before the loop instead of at each of the '
+          f'{loop.length} steps: {work}; they read only '
+          f'{", ".join(named) or "values fixed before the loop"}')

@@ -10,16 +10,21 @@ from lift.scan_rewrites.names import LoopInfo
 from lift.scan_rewrites.registry import Decision
 
 
+# The line under a loop no rewrite changed or declined: every loop of the program is listed.
+NOTHING_MOVED = 'nothing moved: no rewrite applies to this loop'
+
+
 @dataclasses.dataclass(frozen=True)
 class ScanReport:
   """What `explain_scans` found: each rewrite's decision at each loop, the
   loops themselves, and the jaxprs before and after.
 
   Printed, it is a summary line (loops before and after, equations moved out
-  of loops, bytes saved), then each loop: its number, role (forward, backward
-  of which loop, nested in which), the user's function and line, and one line
-  per decision naming the values it concerns and the measured sizes that
-  decided it.
+  of loops, bytes saved), then every loop: its number, role (forward, backward
+  of which loop, a forward loop the backward pass runs again, nested in
+  which), the user's function and line, and one line per decision naming the
+  values and the code it concerns and the measured sizes that decided it
+  (``nothing moved`` under a loop no rewrite changed).
 
   Examples:
     >>> def f(xs, w):  # sin(w) does not change from step to step
@@ -30,7 +35,7 @@ class ScanReport:
     >>> print(report.summary())
     scans: 1 before, 1 after; 2 equation(s) moved out of loops; 0 B saved (sequences, carries and stacked outputs: 28 B before, 28 B after)
     >>> print(report.decisions[0].detail)
-    2 equation(s) (convert_element_type, sin) computed once before the loop instead of at each of the 3 steps: they read only constant 0 f32[] (w)
+    2 equation(s) computed once before the loop instead of at each of the 3 steps: `jnp.sin(w)` (f.<locals>.<lambda>, line 2); they read only constant 0 f32[] (w)
   """
   decisions: tuple[Decision, ...]
   before: Any
@@ -72,12 +77,11 @@ class ScanReport:
 
   def __str__(self) -> str:
     lines = [self.summary()]
-    if not self.decisions:
+    if not self.decisions and not self.loop_info:
       lines.append('no rewrite applies')
     for info in self.loop_info:
       mine = [d for d in self.decisions if d.loop == info.number]
-      if mine:
-        lines += [info.title()] + [f'  {d.line()}' for d in mine]
+      lines += [info.title()] + ([f'  {d.line()}' for d in mine] or [f'  {NOTHING_MOVED}'])
     lines += [str(d) for d in self.decisions if d.loop not in {i.number for i in self.loop_info}]
     return '\n'.join(lines)
 

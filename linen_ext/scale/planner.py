@@ -19,9 +19,10 @@ import jax
 import optax
 
 from lift.errors import LiftError
-from linen_ext.errors import PlanError
+from linen_ext.errors import ModelStateError, PlanError
 from linen_ext.scale.compiled import CompiledStats, size_text
 from linen_ext.scale.flops import jaxpr_flops
+from linen_ext.scale.nnx_model import is_nnx_module
 from linen_ext.scale.search import needs_no_less, next_to_compile, precedes
 from linen_ext.scale.step_time import Chip, StepTime, chip_of, compute_floor, modelled_time
 from linen_ext.scale.topology import Topology, tpu_topology
@@ -49,7 +50,8 @@ class Candidate:
   and whether the optimizer state lives in host memory.
 
   Attributes:
-    remat: the remat policy of the model's stack (a `lift.loops.resolve_remat` name).
+    remat: the remat policy of the model's stack (a `lift.loops.resolve_remat` name), or
+      ``None``: the model's own, not varied.
     mesh: the mesh as ``(axis name, size)`` pairs.
     microbatches: the pipeline's microbatches (with a ``'stage'`` axis over 1).
     offload_optimizer: whether the optimizer state lives in host memory.
@@ -58,14 +60,14 @@ class Candidate:
     >>> Candidate('nested', (('stage', 1), ('data', 64), ('model', 2)), 1, True).describe()
     'remat=nested, data 64 x model 2, optimizer in host memory'
   """
-  remat: str
+  remat: str | None
   mesh: tuple[tuple[str, int], ...]
   microbatches: int = 1
   offload_optimizer: bool = False
 
   def describe(self) -> str:
     mesh = ' x '.join(f'{axis} {size}' for axis, size in self.mesh if size > 1) or 'one chip'
-    parts = [f'remat={self.remat}', mesh]
+    parts = ([] if self.remat is None else [f'remat={self.remat}']) + [mesh]
     if dict(self.mesh).get('stage', 1) > 1:
       parts.append(f'{self.microbatches} microbatches')
     if self.offload_optimizer:
@@ -115,7 +117,8 @@ class Plan:
   model_flops: float = 0.0
 
   def configure(self, model: Any) -> Any:
-    """``model`` set up as the plan says (its ``remat`` and pipeline fields)."""
+    """``model`` set up as the plan says (its ``remat`` and pipeline fields, where the
+    plan varied them)."""
     return _configured(model, self.best)
 
   def __str__(self) -> str:
@@ -149,29 +152,36 @@ def trial_text(trial: Trial, budget: float, chip: Chip | None, model_flops: floa
 
 def _configured(model: Any, candidate: Candidate) -> Any:
   stages = dict(candidate.mesh).get('stage', 1)
-  fields = {'remat': remat_value(candidate.remat)}
+  fields = {} if candidate.remat is None else {'remat': remat_value(candidate.remat)}
   if stages > 1:
     fields.update(pipeline_stages=stages, microbatches=candidate.microbatches,
                   stage_axis='stage')
+  if fields and is_nnx_module(model):
+    raise PlanError(f'nn.plan varies the model\'s fields {list(fields)}, and '
+                    f'{type(model).__name__}, an NNX model, is built once: it has no fields '
+                    'to vary. Fix: remat=None (plan the mesh and the optimizer state\'s '
+                    'place for the model as built) and stages=(1,).')
   missing = [name for name in fields if not hasattr(model, name)]
   if missing:
     raise PlanError(f'nn.plan varies the model\'s fields {missing}, which '
                     f'{type(model).__name__} does not have. Fix: give the model a `remat` '
                     'field passed to its nn.Stacked (and `pipeline_stages`, `microbatches`, '
-                    '`stage_axis` to plan pipelines), or plan only what it has.')
-  return model.clone(**fields)
+                    '`stage_axis` to plan pipelines), or remat=None to keep its own.')
+  return model.clone(**fields) if fields else model
 
 
-def candidates(chips: int, *, remat: Sequence[str] = REMATS, tensor: Sequence[int] = (1,),
-               stages: Sequence[int] = (1,), microbatches: Sequence[int] = (1,),
+def candidates(chips: int, *, remat: Sequence[str] | None = REMATS,
+               tensor: Sequence[int] = (1,), stages: Sequence[int] = (1,),
+               microbatches: Sequence[int] = (1,),
                offload_optimizer: Sequence[bool] = (False, True)) -> list[Candidate]:
   """Every combination, on meshes of ``stage x data x model = chips`` (those that do not
-  divide ``chips`` are left out)."""
-  unknown = [name for name in remat if name not in REMATS]
+  divide ``chips`` are left out); ``remat=None``: the model's own in each."""
+  unknown = [name for name in remat or () if name not in REMATS]
   if unknown:
-    raise PlanError(f'nn.plan: unknown remat {unknown}; it takes {REMATS}.')
+    raise PlanError(f'nn.plan: unknown remat {unknown}; it takes {REMATS}, or None.')
+  remats: Sequence[str | None] = (None,) if remat is None else remat
   found = []
-  for s, t, r, m, o in itertools.product(stages, tensor, remat, microbatches, offload_optimizer):
+  for s, t, r, m, o in itertools.product(stages, tensor, remats, microbatches, offload_optimizer):
     if chips % (s * t) or (s == 1 and m != microbatches[0]):
       continue
     mesh = (('stage', s), ('data', chips // (s * t)), ('model', t))
@@ -187,7 +197,7 @@ def _trace(model, batch, devices, candidate, rules, optimizer, loss_fn):
         _configured(model, candidate), batch, mesh=mesh,
         rules=rules(dict(candidate.mesh)) if callable(rules) else rules, optimizer=optimizer,
         loss_fn=loss_fn, offload_optimizer=candidate.offload_optimizer)
-  except PlanError:
+  except (PlanError, ModelStateError):
     raise
   except (LiftError, ValueError) as error:  # a shape that does not divide, say
     return Trial(candidate, None, str(error).splitlines()[0][:160])
@@ -259,7 +269,7 @@ def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
          optimizer: optax.GradientTransformation | None = None,
          loss_fn: Callable[..., jax.Array] = next_token_loss,
          rules: Sequence[tuple[str, Any]] | Callable[[dict[str, int]], Any],
-         remat: Sequence[str] = REMATS, tensor: Sequence[int] = (1,),
+         remat: Sequence[str] | None = REMATS, tensor: Sequence[int] = (1,),
          stages: Sequence[int] = (1,), microbatches: Sequence[int] = (1,),
          offload_optimizer: Sequence[bool] = (False, True),
          log: Callable[[str], None] | None = None) -> Plan:
@@ -277,9 +287,17 @@ def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
   ``str(plan)`` is the table, skipped candidates with the reason. Ctrl-C stops between
   compiles (``KeyboardInterrupt``, after ``log`` has the table so far).
 
+  The model is any `compile_train_step` takes. The candidates set its ``remat`` field
+  (`remat_value`: ``False``, a `jax.checkpoint_policies` policy for ``'dots'``, else the
+  name): a `flax.linen` module with such a field applies it itself (``nn.remat`` of its
+  blocks for ``'full'``, say). An NNX model is built once, with no fields to set: plan it
+  with ``remat=None`` (the remat it was built with, in every candidate) and one stage;
+  the meshes and the optimizer state's place are still varied.
+
   Args:
     model: a module with a ``remat`` field passed to its `nn.Stacked` (and
-      ``pipeline_stages``, ``microbatches``, ``stage_axis`` to plan pipelines).
+      ``pipeline_stages``, ``microbatches``, ``stage_axis`` to plan pipelines); with
+      ``remat=None``, any model, an NNX one included.
     batch: one step's batch (arrays or `jax.ShapeDtypeStruct`s), a dict with
       ``'inputs'`` (what ``model.init`` takes) and what ``loss_fn`` reads.
     topology: a TPU topology name (`tpu_topology`), a `Topology`, or real devices.
@@ -289,7 +307,10 @@ def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
     loss_fn: ``loss_fn(params, model, batch)``; next-token cross-entropy by default.
     rules: logical axis rules over the mesh axes ``stage``, ``data``, ``model``, or a
       function of the candidate's mesh shape returning them.
-    remat: the stack's remat policies to try, among `REMATS`.
+    remat: the stack's remat policies to try, any of ``'none'`` (no checkpointing),
+      ``'dots'`` (the products' results kept), ``'full'``, ``'offload'`` and ``'nested'``
+      (the loop engine's policies, `lift.loops.resolve_remat`); default: all five
+      (`REMATS`). ``None``: the model's own.
     tensor: sizes of the ``model`` (tensor-parallel) mesh axis to try.
     stages: sizes of the ``stage`` (pipeline) mesh axis to try.
     microbatches: the pipeline's microbatch counts to try (with ``stages`` > 1).
@@ -302,12 +323,15 @@ def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
 
   Raises:
     PlanError: nothing fits (the message names the smallest need and its candidate),
-      or the model lacks a field the candidates vary.
+      or the model lacks a field the candidates vary (an NNX model has none).
+    ModelStateError: an NNX model holds variables other than `nnx.Param` ones.
     TopologyError: an unknown topology name, or libtpu missing.
 
   Examples:
     >>> chosen = nn.plan(model, batch, 'v5e-256', rules=rules)  # doctest: +SKIP
     >>> print(chosen)  # the table  # doctest: +SKIP
+    >>> chosen = nn.plan(nnx_model, batch, 'v5e-256', rules=rules,  # doctest: +SKIP
+    ...                  remat=None, tensor=(1, 2))
 
   Not for tuning speed: the step time is modelled from published chip figures, not
   measured; time the chosen configuration's step on the pod.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import logging
 import os
 
 from jax.experimental import topologies
@@ -17,6 +18,7 @@ from jax.experimental import topologies
 from linen_ext.errors import TopologyError
 
 GIB = 2 ** 30
+_log = logging.getLogger(__name__)
 
 # Per-chip HBM, and the chip layouts of the pod slices by chip count.
 _TWO_D = {4: '2x2', 8: '2x4', 16: '4x4', 32: '4x8', 64: '8x8', 128: '8x16', 256: '16x16'}
@@ -99,10 +101,42 @@ def tpu_topology(name: str, num_slices: int = 1) -> Topology:
         "pip install 'libtpu==0.0.42.*' (the version jax[tpu]==0.10.2 pins), or "
         "pip install -e '.[tpu]'.")
   os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')  # other processes may hold it
+  _note_libtpu_lines()
   description = topologies.get_topology_desc(platform='tpu', topology_name=kind_shape,
                                              num_slices=num_slices)
   devices = sorted(description.devices, key=lambda d: (getattr(d, 'slice_index', 0), getattr(d, 'id', 0)))
   return Topology(name, tuple(devices), HBM_BYTES[kind], num_slices)
+
+
+# libtpu's lines on a machine without TPU chips: `import lift` silences them where nothing
+# configures libtpu already (`lift._compat`); where something does, say once what they are.
+LIBTPU_LINES_NOTE = (
+    'linen_ext: libtpu may print "could not determine TPU accelerator type" and '
+    '"E0000 ... INVALID_ARGUMENT ... TPU_WORKER_HOSTNAMES" lines as it loads (to compile for '
+    'a TPU topology) on a machine without TPU chips: they are harmless, compiling works all '
+    'the same. TPU_WORKER_HOSTNAMES=localhost TPU_HOST_BOUNDS=1,1,1 in the environment '
+    'silence them.')
+_noted: list[bool] = []
+
+
+def _libtpu_will_print() -> bool:
+  """Whether libtpu, initialised now, prints its errors about the TPU environment: where
+  JAX found no TPU chip (it then sets TPU_SKIP_MDS_QUERY) and the environment lacks the
+  worker hostnames, or both the host bounds and the accelerator type."""
+  env = os.environ
+  return bool(env.get('TPU_SKIP_MDS_QUERY')) and (
+      'TPU_WORKER_HOSTNAMES' not in env
+      or not ('TPU_HOST_BOUNDS' in env or 'TPU_ACCELERATOR_TYPE' in env))
+
+
+def _note_libtpu_lines() -> None:
+  """Logs `LIBTPU_LINES_NOTE` (a warning: stderr, unless logging is set up otherwise) if
+  libtpu would print its lines; at the first topology only, after which libtpu is loaded."""
+  if _noted:
+    return
+  _noted.append(True)
+  if _libtpu_will_print():
+    _log.warning(LIBTPU_LINES_NOTE)
 
 
 def is_tpu(devices) -> bool:

@@ -24,6 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from linen_ext.errors import BatchShardingError, MeshShapeError
 from linen_ext.scale.compiled import CompiledStats, compiled_stats
 from linen_ext.scale.flops import jaxpr_flops
+from linen_ext.scale.nnx_model import with_init_and_apply
 from linen_ext.sharding import strip_boxes, variable_shardings
 
 MESH_AXES = ('stage', 'data', 'model')
@@ -149,8 +150,17 @@ def compile_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules
   names through ``rules``; the batch is split along its leading axis over the axes
   ``batch`` maps to.
 
+  A `flax.linen` module is taken as ours is (``nn.with_logical_partitioning`` names its
+  axes). An NNX model (an `nnx.Module`; abstract from `nnx.eval_shape` costs nothing)
+  is split into its graph definition and its `nnx.Param` state, ``params`` (a dict of
+  arrays, as ``nnx.to_pure_dict`` gives it), each sharded as its ``out_sharding`` names
+  (`nnx.with_partitioning`) map through ``rules``; the loss calls
+  ``nnx.merge(graphdef, params)(batch['inputs'])``, and a custom ``loss_fn`` gets an
+  `NnxModel`, whose ``apply({'params': params}, ...)`` does that.
+
   Args:
-    model: a `linen_ext` (or `flax.linen`) module.
+    model: a `linen_ext` module, a `flax.linen` one, or an `nnx.Module` holding only
+      `nnx.Param` variables.
     batch: the step's batch: arrays or `jax.ShapeDtypeStruct`s, a dict with ``'inputs'``.
     mesh: the mesh (of real devices, or a `tpu_topology`'s abstract ones).
     rules: logical axis rules, ``[(logical name, mesh axes or None), ...]``.
@@ -165,11 +175,15 @@ def compile_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules
   Raises:
     BatchShardingError: the batch does not divide over the data axes.
     ShardingError: a variable does not divide over the mesh axes its names map to.
+    ModelStateError: an NNX model holds variables other than `nnx.Param` ones.
 
   Examples:
     >>> step = compile_train_step(model, batch, mesh=mesh, rules=rules,  # doctest: +SKIP
     ...                           optimizer=optax.adamw(1e-4))
     >>> step.stats.device_bytes  # doctest: +SKIP
+    >>> abstract = nnx.eval_shape(lambda: NnxLM(nnx.Rngs(0)))  # an NNX model  # doctest: +SKIP
+    >>> step = compile_train_step(abstract, batch, mesh=mesh, rules=rules,  # doctest: +SKIP
+    ...                           optimizer=optax.adamw(1e-4))
 
   Not for steps of another form (several optimizers, a custom update): compile
   your own `jax.jit(...).lower(...)` and read it with `compiled_stats`.
@@ -185,6 +199,7 @@ def traced_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules:
                       offload_optimizer: bool = False) -> jax.stages.Traced:
   """The step `compile_train_step` compiles, traced but not compiled (seconds, where the
   compile of a large model takes minutes): its jaxpr gives the FLOPs."""
+  model = with_init_and_apply(model)
   batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), batch)
   batch_shardings = batch_sharding(batch, mesh, rules)
   abstract = _abstract_state(model, optimizer, batch, mesh)

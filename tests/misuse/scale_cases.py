@@ -3,6 +3,8 @@
 refused before anything compiles."""
 import jax
 import jax.numpy as jnp
+import optax
+from flax import nnx
 from jax.sharding import AbstractMesh
 
 import lift
@@ -33,6 +35,26 @@ def _plan_without_remat():
                  memory_limit=2 ** 30)
 
 
+def _plan_nnx_remat():
+  return nn.plan(nnx.Linear(2, 4, rngs=nnx.Rngs(0)), {'inputs': jnp.zeros((4, 2))},
+                 jax.devices(), rules=RULES, memory_limit=2 ** 30)
+
+
+class _WithDropout(nnx.Module):
+  def __init__(self, rngs: nnx.Rngs):
+    self.linear = nnx.Linear(2, 4, rngs=rngs)
+    self.dropout = nnx.Dropout(0.1, rngs=rngs)
+
+  def __call__(self, x):
+    return self.dropout(self.linear(x))
+
+
+def _nnx_with_rng_state():
+  return nn.compile_train_step(_WithDropout(nnx.Rngs(0)), {'inputs': jnp.zeros((4, 2))},
+                               mesh=nn.scale.make_mesh(jax.devices()[:1], {}), rules=RULES,
+                               optimizer=optax.sgd(0.1))
+
+
 def _attention(**kwargs):
   x = jnp.ones((2, 8, 4, 16))
   return lambda: lift.causal_self_attention(x, x, x, **kwargs)
@@ -50,6 +72,11 @@ CASES = [
          "data axes ('data',) (4 ways)"),
     case('nn.plan of a model without a remat field', _plan_without_remat,
          nn_errors.PlanError, "fields ['remat'], which Dense does not have"),
+    case('nn.plan varying the remat of an NNX model', _plan_nnx_remat, nn_errors.PlanError,
+         "['remat'], and Linear, an NNX model, is built once", 'remat=None'),
+    case('an NNX model holding variables other than nnx.Param', _nnx_with_rng_state,
+         nn_errors.ModelStateError, 'other than nnx.Param, dropout/rngs/count (RngCount)',
+         'deterministic=True'),
     case('causal_self_attention given an unknown implementation',
          _attention(implementation='splash'), errors.AttentionArgumentError,
          "implementation is 'splash'", "(None, 'xla', 'flash')"),
