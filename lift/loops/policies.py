@@ -144,7 +144,7 @@ class ScanCheckpointPolicy:
 REMAT_ALIASES: dict[str, ScanCheckpointPolicy] = {
     "full": ScanCheckpointPolicy(),
     "nested": ScanCheckpointPolicy(nested=True),
-    "offload": ScanCheckpointPolicy(save_carries="offload", save_inputs="offload"),
+    "offload": ScanCheckpointPolicy(save_carries="offload"),
     "save_all": ScanCheckpointPolicy(save_block_internals=True),
 }
 

@@ -12,32 +12,35 @@ one before keeps, or moves it to the host). If ``a``'s policy comes before ``b``
                             outweigh the compiler's fixed buffers)
 
 So once ``a`` fits, every ``b`` after it in time is dominated (it cannot be chosen), and
-once ``b`` does not fit, no ``a`` before it in memory can. Moving the optimizer state to
-the host is not ordered in memory: the update brings it back to the chip. The next candidate compiled is the one whose
-answer settles the most of the others either way (a binary search along the order).
-``offload`` and ``nested``, or different meshes, are not ordered: each is compiled
-unless its FLOPs alone take longer than a fitting candidate's modelled step.
+once ``b`` does not fit, no ``a`` before it in memory can. Moving values to the host is
+not ordered in memory: ``offload`` stages the carries it moves through device buffers,
+and the update brings an offloaded optimizer state back to the chip (at small sizes
+either can need more than keeping the values on the chip). The next candidate compiled
+is the one whose answer settles the most of the others either way (a binary search along
+the orders). Candidates on different meshes are not ordered: each is compiled unless
+its FLOPs alone take longer than a fitting candidate's modelled step.
 """
 from collections.abc import Sequence
 
-_REMAT_BEFORE = {'none': {'dots', 'full', 'offload', 'nested'},
-                 'dots': {'full', 'offload', 'nested'},
-                 'full': {'offload', 'nested'}, 'offload': set(), 'nested': set()}
+_TIME_BEFORE = {'none': {'dots', 'full', 'offload', 'nested'},
+                'dots': {'full', 'offload', 'nested'}, 'full': {'offload', 'nested'}}
+_MEMORY_BEFORE = {'none': {'dots', 'full', 'nested'}, 'dots': {'full', 'nested'},
+                  'full': {'nested'}}
 
 
-def _remat_before(a, b) -> bool:
+def _before(order: dict, a, b) -> bool:
   return (a.mesh, a.microbatches) == (b.mesh, b.microbatches) and (
-      a.remat == b.remat or b.remat in _REMAT_BEFORE.get(a.remat, set()))
+      a.remat == b.remat or b.remat in order.get(a.remat, set()))
 
 
 def precedes(a, b) -> bool:
   """Whether candidate ``a`` costs no more time than ``b`` (``a`` itself included)."""
-  return _remat_before(a, b) and (not a.offload_optimizer or b.offload_optimizer)
+  return _before(_TIME_BEFORE, a, b) and (not a.offload_optimizer or b.offload_optimizer)
 
 
 def needs_no_less(a, b) -> bool:
   """Whether candidate ``a`` needs at least ``b``'s memory (``a`` itself included)."""
-  return _remat_before(a, b) and a.offload_optimizer == b.offload_optimizer
+  return _before(_MEMORY_BEFORE, a, b) and a.offload_optimizer == b.offload_optimizer
 
 
 def next_to_compile(undecided: Sequence) -> int:
