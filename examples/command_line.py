@@ -18,6 +18,30 @@ class UsageError(Exception):
   ends with ``Fix:`` and the flags to pass instead."""
 
 
+MESH_AXES = ('stage', 'data', 'model')
+
+
+def mesh_sizes(text: str, devices: int) -> dict[str, int]:
+  """``--mesh 'data=64,model=2'`` as ``{'data': 64, 'model': 2}``; ``devices`` is the
+  count the fixes suggest putting on ``data``.
+
+  Raises:
+    UsageError: an axis other than ``stage``, ``data``, ``model``, or a size that is not
+      a count.
+  """
+  sizes = {}
+  for part in text.split(','):
+    name, _, size = part.partition('=')
+    if name not in MESH_AXES:
+      raise UsageError(f'--mesh {text}: unknown axis {name!r}; the axes are '
+                       f'{", ".join(MESH_AXES)}. Fix: only those, e.g. --mesh data={devices}.')
+    if not size.isdigit() or int(size) < 1:
+      raise UsageError(f'--mesh {text}: {part!r} is not {name}=N with N at least 1. Fix: '
+                       f'e.g. --mesh data={devices}.')
+    sizes[name] = int(size)
+  return sizes
+
+
 def fail(message: str, status: int = 2) -> NoReturn:
   """Ends the script: ``error: <message>`` as one line on stderr, exit ``status`` (2, a
   usage error, by default)."""

@@ -11,9 +11,7 @@ import argparse
 import math
 
 import linen_ext as nn
-from command_line import UsageError, divisors
-
-MESH_AXES = ('stage', 'data', 'model')
+from command_line import UsageError, divisors, mesh_sizes
 
 
 def closest_topology(name: str) -> str:
@@ -45,27 +43,12 @@ def _default_mesh(chips: int, stages: int) -> dict[str, int]:
   return {'stage': stages, 'data': chips // stages, 'model': 1}
 
 
-def _sizes(text: str, chips: int) -> dict[str, int]:
-  """``'data=64,model=2'`` as ``{'data': 64, 'model': 2}``."""
-  sizes = {}
-  for part in text.split(','):
-    name, _, size = part.partition('=')
-    if name not in MESH_AXES:
-      raise UsageError(f'--mesh {text}: unknown axis {name!r}; the axes are '
-                       f'{", ".join(MESH_AXES)}. Fix: only those, e.g. --mesh data={chips}.')
-    if not size.isdigit() or int(size) < 1:
-      raise UsageError(f'--mesh {text}: {part!r} is not {name}=N with N at least 1. Fix: '
-                       f'e.g. --mesh data={chips}.')
-    sizes[name] = int(size)
-  return sizes
-
-
 def parse_mesh(text: str | None, chips: int, stages: int, topology: str) -> dict[str, int]:
   """``--mesh`` as axis sizes whose product is the ``chips`` of ``topology``; by default
   every chip on ``data`` (beside ``stage``, which has ``--pipeline-stages`` entries)."""
   if text is None:
     return _default_mesh(chips, stages)
-  sizes = _sizes(text, chips)
+  sizes = mesh_sizes(text, chips)
   product = math.prod(sizes.values())
   if product != chips:
     spelled = ' x '.join(map(str, sizes.values())) + (f' = {product}' if len(sizes) > 1 else '')

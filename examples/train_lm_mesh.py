@@ -27,9 +27,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import linen_ext as nn
-from command_line import UsageError
-
-MESH_AXES = ('stage', 'data', 'model')
+from command_line import MESH_AXES, UsageError, mesh_sizes
 
 
 def parse_mesh(text: str | None) -> dict[str, int]:
@@ -42,16 +40,7 @@ def parse_mesh(text: str | None) -> dict[str, int]:
   count = jax.device_count()
   if text is None:
     return {'stage': 1, 'data': count, 'model': 1}
-  sizes = dict.fromkeys(MESH_AXES, 1)
-  for part in text.split(','):
-    name, _, size = part.partition('=')
-    if name not in MESH_AXES:
-      raise UsageError(f'--mesh {text}: unknown axis {name!r}; the axes are '
-                       f'{", ".join(MESH_AXES)}. Fix: only those, e.g. --mesh data={count}.')
-    if not size.isdigit() or int(size) < 1:
-      raise UsageError(f'--mesh {text}: {part!r} is not {name}=N with N at least 1. Fix: '
-                       f'e.g. --mesh data={count}.')
-    sizes[name] = int(size)
+  sizes = {**dict.fromkeys(MESH_AXES, 1), **mesh_sizes(text, count)}
   if math.prod(sizes.values()) > count:
     raise UsageError(f'--mesh {text}: {math.prod(sizes.values())} devices asked for, {count} '
                      f'present. Fix: sizes that multiply to at most {count}, e.g. --mesh '

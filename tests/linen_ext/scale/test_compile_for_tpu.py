@@ -31,16 +31,7 @@ LONG_BATCH = {'inputs': jax.ShapeDtypeStruct((8, 1024), jnp.int32),
               'targets': jax.ShapeDtypeStruct((8, 1024), jnp.int32)}
 
 
-@pytest.fixture(autouse=True, scope='module')
-def standard_promotion():
-  """Flax's RMSNorm promotes its bfloat16 input with float32 implicitly."""
-  with jax.numpy_dtype_promotion('standard'):
-    yield
-
-
-@pytest.fixture(scope='module')
-def chips():
-  return nn.tpu_topology('v5e-4')
+pytestmark = pytest.mark.usefixtures('standard_promotion')
 
 
 def test_fsdp_divides_the_state_over_the_chips_and_the_flash_kernel_runs(chips):

@@ -25,16 +25,7 @@ BATCH = {'inputs': jax.ShapeDtypeStruct((8, 128), jnp.int32),
 RULES = [('batch', 'data'), ('embed', 'data'), ('mlp', None), ('vocab', None)]
 
 
-@pytest.fixture(autouse=True, scope='module')
-def standard_promotion():
-  """optax's AdamW promotes its int32 step count with Python floats implicitly."""
-  with jax.numpy_dtype_promotion('standard'):
-    yield
-
-
-@pytest.fixture(scope='module')
-def chips():
-  return nn.tpu_topology('v5e-4')
+pytestmark = pytest.mark.usefixtures('standard_promotion')
 
 
 def linen_named(*names):
