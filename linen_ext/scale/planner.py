@@ -278,8 +278,8 @@ def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
 
   The candidates are every combination of ``remat`` x mesh (``stage x data x model``
   from ``stages`` and ``tensor``; the rest of the chips on ``data``, FSDP) x
-  ``microbatches`` x ``offload_optimizer``. Each is traced (seconds: its FLOPs); then
-  they are compiled ahead of time by `compile_train_step`, one at a time, and measured
+  ``microbatches`` x ``offload_optimizer``. They are compiled ahead of time by
+  `compile_train_step`, one at a time (each traced first: its FLOPs), and measured
   by XLA's memory and cost analyses (nothing runs), except those that cannot be chosen:
   after a candidate fits, those that save more on the same mesh (more recomputation,
   more host traffic); after one does not, those that save less; and those whose FLOPs
@@ -354,26 +354,32 @@ def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
 
 def _search(found: list[Candidate], trace: Callable, budget: float, chip: Chip | None,
             log: Callable[[str], None]) -> tuple[tuple[Trial, ...], float]:
-  """Traces every candidate, then compiles them in `next_to_compile`'s order, skipping
-  what the results so far settle; the trials, and the fewest FLOPs traced (the model's,
-  without recomputation)."""
+  """Compiles the candidates in `next_to_compile`'s order, each traced just before (its
+  FLOPs), skipping what the results so far settle; the trials, and the model's FLOPs:
+  the fewest of the candidates that recompute least on each mesh, traced first."""
   results: dict[Candidate, Trial] = {}
-  traced: dict[Candidate, tuple] = {}
-  for candidate in found:
-    outcome = trace(candidate)
-    if isinstance(outcome, Trial):
-      results[candidate] = outcome
-      log(f'  {candidate.describe()}: could not trace: {outcome.error}')
-    else:
-      traced[candidate] = outcome
-  log(f'traced {len(found)} candidates; compiling those that can be chosen:')
-  model_flops = min((flops for _, _, flops in traced.values()), default=0.0)
-  undecided = list(traced)
+  traced: dict[Candidate, Any] = {}
+
+  def traced_step(candidate: Candidate) -> Any:
+    if candidate not in traced:
+      traced[candidate] = trace(candidate)
+      if isinstance(traced[candidate], Trial):
+        results[candidate] = traced[candidate]
+        log(f'  {candidate.describe()}: could not trace: {traced[candidate].error}')
+    return traced[candidate]
+
+  least = [c for c in found if not any(o != c and precedes(o, c) for o in found)]
+  model_flops = min((t[2] for t in map(traced_step, least) if not isinstance(t, Trial)),
+                    default=0.0)
+  log(f'{len(found)} candidates; compiling those that can be chosen:')
+  undecided = [c for c in found if c not in results]
   try:
     while undecided:
       candidate = undecided.pop(next_to_compile(undecided))
-      results[candidate] = _decide(candidate, traced[candidate], results, budget, chip,
-                                   model_flops, log)
+      step = traced_step(candidate)
+      if isinstance(step, Trial):
+        continue
+      results[candidate] = _decide(candidate, step, results, budget, chip, model_flops, log)
       _settle(results[candidate], undecided, results, budget, log)
   except KeyboardInterrupt:
     done = [t for t in results.values() if t.stats is not None]

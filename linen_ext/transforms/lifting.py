@@ -383,6 +383,15 @@ def positional_parameters(fn: Callable[..., Any]) -> tuple[list[str], bool]:
   return names, any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params)
 
 
+def check_field_is_hashable(path: tuple[str, ...], x: Any) -> None:
+  """Raises ``ValueError`` naming ``path`` if ``x`` cannot be hashed (a module field that
+  a cached transform would key on), as Flax's helper of that name does."""
+  try:
+    hash(x)
+  except Exception as error:
+    raise ValueError(f"Value at '{'/'.join(path)}' is not hashable: {error}") from error
+
+
 def is_module_class(target: Any) -> bool:
   """A Module subclass, or a ``functools.partial`` of one (``is_module_class(Dense)``)."""
   if isinstance(target, functools.partial):
