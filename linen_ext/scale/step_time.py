@@ -12,8 +12,8 @@ chip's published figures: what `nn.plan` ranks candidates by. Modelled, not meas
 - host bytes: what lives in host memory (offloaded activations or optimizer state) goes
   down and comes back once a step.
 - collective bytes: the bytes the step's collectives produce on each chip, each loop's
-  counted as often as it runs (`CompiledStats.collective_bytes`), over one link's
-  bandwidth both ways.
+  counted as often as it runs (`CompiledStats.collective_bytes`), over the chip's
+  inter-chip bandwidth (all its links).
 
 Transfers are not overlapped with compute: an upper bound on a compute-bound step, and
 an order that never prefers more recomputation or more traffic. MFU is the model's
@@ -32,7 +32,7 @@ class Chip:
     peak_flops: bfloat16 FLOP/s.
     hbm_bandwidth: HBM bytes/s.
     host_bandwidth: host (PCIe) bytes/s, each way.
-    ici_bandwidth: bytes/s of one inter-chip link, each way.
+    ici_bandwidth: inter-chip bytes/s of the chip, all its links.
   """
   peak_flops: float
   hbm_bandwidth: float
@@ -40,17 +40,17 @@ class Chip:
   ici_bandwidth: float
 
 
-# Sources: Google Cloud's TPU v5e, v5p and v6e pages (peak bf16 FLOP/s, HBM bandwidth,
-# ICI bandwidth per chip) and "How to Scale Your Model" (jax-ml.github.io/scaling-book,
-# part 2: one-way ICI bandwidth per link; PCIe 1.5e10 bytes/s per chip, given for v6e
-# and taken here for all three).
+# Sources: Google Cloud's TPU v5e, v5p and v6e pages (peak bf16 FLOP/s; HBM bandwidth;
+# inter-chip interconnect per chip: 1,600, 4,800 and 3,584 Gbps) and "How to Scale Your
+# Model" (jax-ml.github.io/scaling-book, part 2: PCIe 1.5e10 bytes/s per chip, given for
+# v6e and taken here for all three).
 CHIPS = {
     'v5e': Chip(peak_flops=1.97e14, hbm_bandwidth=8.1e11, host_bandwidth=1.5e10,
-                ici_bandwidth=4.5e10),
+                ici_bandwidth=2.0e11),
     'v5p': Chip(peak_flops=4.59e14, hbm_bandwidth=2.76e12, host_bandwidth=1.5e10,
-                ici_bandwidth=9.0e10),
+                ici_bandwidth=6.0e11),
     'v6e': Chip(peak_flops=9.18e14, hbm_bandwidth=1.64e12, host_bandwidth=1.5e10,
-                ici_bandwidth=9.0e10),
+                ici_bandwidth=4.48e11),
 }
 
 
@@ -93,7 +93,7 @@ def modelled_time(stats: CompiledStats, chip: Chip) -> StepTime:
   return StepTime(compute=compute_floor(stats.flops, chip),
                   hbm=hbm_bytes / chip.hbm_bandwidth,
                   host=2 * stats.host_bytes / chip.host_bandwidth,
-                  collectives=stats.collective_bytes / (2 * chip.ici_bandwidth))
+                  collectives=stats.collective_bytes / chip.ici_bandwidth)
 
 
 def chip_of(devices) -> Chip | None:

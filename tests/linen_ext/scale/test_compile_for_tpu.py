@@ -131,6 +131,23 @@ def test_pruning_never_skips_what_compiling_everything_would_choose(every_trial,
   assert min(compiled) < len(trials) and max(compiled) < len(trials), compiled
 
 
+def test_ctrl_c_stops_the_search_between_compiles_and_says_what_was_compiled(every_trial,
+                                                                             monkeypatch):
+  trials, traced = every_trial
+  compiled = []
+
+  def compile_then_interrupt(candidate, *_):
+    if compiled:
+      raise KeyboardInterrupt  # what Python raises once the compile in progress returns
+    compiled.append(candidate)
+    return trials[candidate]
+  monkeypatch.setattr(planner, '_compile', compile_then_interrupt)
+  lines = []
+  with pytest.raises(KeyboardInterrupt):
+    planner._search(list(trials), traced.get, 2 ** 30, None, lines.append)
+  assert lines[-1].startswith(f'stopped (Ctrl-C) after 1 compiled: {compiled[0].describe()} ')
+
+
 def test_the_planner_refuses_when_nothing_fits_and_names_the_smallest_need(tiny_plan):
   smallest = min(t.stats.device_bytes for t in tiny_plan.trials)
   need = nn.scale.compiled.size_text(smallest).strip()
