@@ -83,6 +83,8 @@ def _entry_axes(entry) -> tuple[str, ...]:
 
 
 def _from_rules() -> tuple | None:
+  """The rules' mesh axes of `LOGICAL_NAMES` (each name's first rule, as Flax reads
+  them; `flax.linen.spmd` itself is not for this package to import)."""
   rules = spmd.get_logical_axis_rules()
   if not rules:
     return None
@@ -147,7 +149,8 @@ def choose_attention(q: Any, k: Any, implementation: str | None = None,
     return AttentionChoice('xla', None, "implementation='xla'")
   if implementation == 'flash':
     axes, where = _placement(q_shape, k_shape, mesh_axes)
-    where = where if axes is not None or not _split_axes() else 'on the whole arrays'
+    if axes is None and _split_axes():
+      where = 'on the whole arrays'
     return AttentionChoice('flash', axes, f"implementation='flash', {where}")
   platform = target_platform()
   if platform != 'tpu':

@@ -149,8 +149,7 @@ def cross_slice_transfers(hlo_text: str) -> tuple[dict[str, int], dict[str, int]
 
 _ARRAY = re.compile(r'\b(pred|[subf]\d+|bf16|f8\w*)\[([\d,]*)\]')
 _WHILE = re.compile(r' while\(.*condition=%?([\w.\-]+), body=%?([\w.\-]+)')
-_TRIP = re.compile(r's32\[\][^=]*= s32\[\]\S* constant\((\d+)\)|'
-                   r'= s32\[\]\S* constant\((\d+)\)')
+_TRIP = re.compile(r'= s32\[\]\S* constant\((\d+)\)')
 _STARTED = re.compile(r'= (.*?) (' + '|'.join(COLLECTIVES) + r')(-start)?\(')
 
 
@@ -163,7 +162,7 @@ def _array_bytes(dtype: str, dims: str) -> int:
 def _trip_count(condition: list[str]) -> int:
   """A loop's trips: the integer constant its condition compares the counter with
   (JAX's loops count from 0 up to it); 1 if there is none."""
-  found = [int(a or b) for line in condition for a, b in _TRIP.findall(line)]
+  found = [int(n) for line in condition for n in _TRIP.findall(line)]
   return max(found, default=1)
 
 
@@ -187,8 +186,7 @@ def collective_bytes(hlo_text: str) -> int:
         if arrays:
           total += times * (_array_bytes(*arrays[-1]) if started.group(3) else
                             sum(_array_bytes(*a) for a in arrays))
-      total += sum(visit(m.group(1), times) for m in _CALLEE.finditer(line)
-                   if not line.lstrip().startswith('ROOT') or m.group(1) != name)
+      total += sum(visit(m.group(1), times) for m in _CALLEE.finditer(line))
     return total
   return visit(entry, 1) if entry else 0
 

@@ -276,23 +276,14 @@ def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
   """Chooses how to run ``model``'s training step on ``topology``: the candidate with the
   least modelled step time that fits ``memory_limit`` per chip with ``margin`` to spare.
 
-  The candidates are every combination of ``remat`` x mesh (``stage x data x model``
-  from ``stages`` and ``tensor``; the rest of the chips on ``data``, FSDP) x
-  ``microbatches`` x ``offload_optimizer``. They are compiled ahead of time by
-  `compile_train_step`, one at a time (each traced first: its FLOPs), and measured
-  by XLA's memory and cost analyses (nothing runs), except those that cannot be chosen:
-  after a candidate fits, those that save more on the same mesh (more recomputation,
-  more host traffic); after one does not, those that save less; and those whose FLOPs
-  alone take longer than a fitting candidate's modelled step (`search`, `step_time`).
-  ``str(plan)`` is the table, skipped candidates with the reason. Ctrl-C stops between
-  compiles (``KeyboardInterrupt``, after ``log`` has the table so far).
-
-  The model is any `compile_train_step` takes. The candidates set its ``remat`` field
-  (`remat_value`: ``False``, a `jax.checkpoint_policies` policy for ``'dots'``, else the
-  name): a `flax.linen` module with such a field applies it itself (``nn.remat`` of its
-  blocks for ``'full'``, say). An NNX model is built once, with no fields to set: plan it
-  with ``remat=None`` (the remat it was built with, in every candidate) and one stage;
-  the meshes and the optimizer state's place are still varied.
+  Candidates: ``remat`` x mesh (``stage x data x model`` from ``stages`` and ``tensor``,
+  the rest on ``data``) x ``microbatches`` x ``offload_optimizer``, compiled one at a
+  time by `compile_train_step` (nothing runs), except those the results so far show
+  cannot be chosen (`search`); ranked by `step_time`. ``str(plan)`` is the table.
+  Ctrl-C stops between compiles (``KeyboardInterrupt``, after ``log`` says what was
+  compiled). The candidates set the model's ``remat`` field (`remat_value`), which a
+  `flax.linen` module applies itself; an NNX model has no fields: plan it with
+  ``remat=None`` and one stage.
 
   Args:
     model: a module with a ``remat`` field passed to its `nn.Stacked` (and
@@ -343,9 +334,9 @@ def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
   if not found:
     raise PlanError(f'nn.plan: no mesh of tensor {tuple(tensor)} x stages {tuple(stages)} '
                     f'divides {len(devices)} chips. Fix: sizes that divide it.')
-  trials, model_flops = _search(found, lambda c: _trace(model, batch, devices, c, rules, optimizer,
-                                          loss_fn), memory_limit * (1 - margin),
-                   chip_of(devices), log or (lambda line: None))
+  trace = lambda c: _trace(model, batch, devices, c, rules, optimizer, loss_fn)  # noqa: E731
+  trials, model_flops = _search(found, trace, memory_limit * (1 - margin), chip_of(devices),
+                                log or (lambda line: None))
   best = choose(trials, memory_limit, margin)
   assert best.stats is not None
   return Plan(best.candidate, best.stats, trials, memory_limit, margin, chip_of(devices),
