@@ -218,10 +218,16 @@ def next_token_loss(params, model: LM, batch: dict[str, jax.Array]) -> jax.Array
   return chunked_cross_entropy(hidden, head_kernel(params, model.config), batch['targets'])
 
 
+# LLaMA-2's gradients were clipped to this global norm: the step clips them
+# (`clip_norm=` of nn.compile_train_step), not the optimizer, so that an optimizer state
+# in host memory can be updated one layer at a time.
+CLIP_NORM = 1.0
+
+
 def optimizer(learning_rate: float = 3e-4, warmup: int = 2000,
               steps: int = 100_000) -> optax.GradientTransformation:
-  """AdamW as LLaMA-2 was trained: warmup, cosine decay to a tenth, clipping at 1."""
+  """AdamW as LLaMA-2 was trained: warmup, cosine decay to a tenth (with its gradients
+  clipped to `CLIP_NORM` by the step)."""
   schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup, steps,
                                                 end_value=learning_rate / 10)
-  return optax.chain(optax.clip_by_global_norm(1.0),
-                     optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=0.1))
+  return optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=0.1)

@@ -123,7 +123,12 @@ def build_parser() -> command_line.Parser:
   parser.add_argument('--microbatches', type=command_line.positive, default=1,
                       help='microbatches of a pipelined step, each divided over data')
   parser.add_argument('--offload-optimizer', action='store_true',
-                      help='keep the optimizer state in host memory')
+                      help='keep the optimizer state in host memory (updated on the chips '
+                      'one layer at a time)')
+  parser.add_argument('--no-bf16-propagation', action='store_true',
+                      help="compile without XLA's bfloat16-propagation pass (which can keep a "
+                      "bfloat16 copy of all the stack's parameters; --plan tries it where it "
+                      'could make a candidate fit)')
   parser.add_argument('--hbm', type=float, default=None,
                       help="GiB of HBM per chip to fit in; without it, the chip's own")
   parser.add_argument('--plan', action='store_true',
@@ -159,6 +164,8 @@ def plan_flags(args, candidate) -> str:
               f'--microbatches {candidate.microbatches}']
   if candidate.offload_optimizer:
     parts.append('--offload-optimizer')
+  if not candidate.bf16_propagation:
+    parts.append('--no-bf16-propagation')
   return 'python examples/train_lm_at_scale.py ' + ' '.join(parts)
 
 
@@ -167,7 +174,7 @@ def run_plan(args, topology, model, batch) -> dict:
   the `plan.configure` call. Ctrl-C stops between compiles."""
   try:
     chosen = nn.plan(model, batch, topology, rules=axis_rules, optimizer=llama.optimizer(),
-                     loss_fn=llama.next_token_loss,
+                     loss_fn=llama.next_token_loss, clip_norm=llama.CLIP_NORM,
                      memory_limit=int(args.hbm * GIB) if args.hbm else None,
                      margin=args.margin, remat=args.plan_remat, tensor=args.plan_tensor,
                      stages=sorted({1, args.pipeline_stages}),
@@ -178,9 +185,10 @@ def run_plan(args, topology, model, batch) -> dict:
   best = chosen.best
   print(f'chosen: {best.describe()}\nto compile it alone: {plan_flags(args, best)}')
   remat = nn.scale.planner.remat_value(best.remat)
+  options = '' if best.bf16_propagation else ', compiler_options=nn.scale.NO_BF16_PROPAGATION'
   print(f'in code: model = plan.configure(model)  # remat={remat!r}; then '
         f'nn.compile_train_step(model, batch, mesh=nn.scale.make_mesh(devices, '
-        f'{dict(best.mesh)}), offload_optimizer={best.offload_optimizer}, ...)')
+        f'{dict(best.mesh)}), offload_optimizer={best.offload_optimizer}{options}, ...)')
   return report(args, topology, dict(best.mesh), chosen.stats)
 
 
@@ -205,10 +213,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
   assert mesh_shape is not None  # checked by check_flags, which returns None with --plan
   mesh = nn.scale.make_mesh(topology.devices, mesh_shape)
   print(f'mesh {dict(mesh.shape)}, remat {args.remat}, attention {model.attention or "auto"}'
-        f'{", optimizer state in host memory" if args.offload_optimizer else ""}')
+        f'{", optimizer state in host memory" if args.offload_optimizer else ""}'
+        f'{", no bf16 propagation" if args.no_bf16_propagation else ""}')
   step = nn.compile_train_step(model, batch, mesh=mesh, rules=axis_rules(mesh_shape),
                                optimizer=llama.optimizer(), loss_fn=llama.next_token_loss,
-                               offload_optimizer=args.offload_optimizer)
+                               clip_norm=llama.CLIP_NORM,
+                               offload_optimizer=args.offload_optimizer,
+                               compiler_options=nn.scale.NO_BF16_PROPAGATION
+                               if args.no_bf16_propagation else None)
   kernel = 'tpu_custom_call' in step.compiled.as_text()  # the Pallas kernel's call
   return report(args, topology, mesh_shape, step.stats, 'flash' if kernel else 'xla')
 

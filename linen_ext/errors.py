@@ -483,3 +483,18 @@ class PlanError(ScaleError):
 class ModelStateError(ScaleError):
   """An NNX model given to `nn.compile_train_step` or `nn.plan` holds variables other than
   `nnx.Param` ones (RNG streams, batch statistics), which the step would not update."""
+
+
+class OptimizerStreamError(ScaleError):
+  """The optimizer couples parameters of different layers (``optax.clip_by_global_norm``
+  does), so the layer-by-layer update of an optimizer state in host memory would not be
+  its update."""
+
+  def __init__(self, argument: str):
+    super().__init__(
+        f'`{argument}`: updating one layer at a time (offload_optimizer=True streams the '
+        'optimizer state of a layer stack through the chip layer by layer) gives a '
+        'different update from the whole one: the optimizer couples parameters across '
+        'layers, as `optax.clip_by_global_norm` does. Fix: pass the clipping as '
+        '`clip_norm=` (applied to all gradients before the update) and an optimizer '
+        'without it, or keep the optimizer state on the chip (offload_optimizer=False).')

@@ -42,6 +42,8 @@ def plain(tree):
     tree = tree.unfreeze()
   if isinstance(tree, dict):
     return {k: plain(v) for k, v in tree.items()}
+  if isinstance(tree, tuple) and hasattr(tree, '_fields'):  # a named tuple (optax states)
+    return type(tree)(*(plain(v) for v in tree))
   if isinstance(tree, (tuple, list)):
     return type(tree)(plain(v) for v in tree)
   return tree

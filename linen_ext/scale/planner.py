@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,15 +20,15 @@ import jax
 import optax
 
 from lift.errors import LiftError
-from linen_ext.errors import ModelStateError, PlanError
+from linen_ext.errors import ModelStateError, OptimizerStreamError, PlanError
 from linen_ext.scale.compiled import CompiledStats, size_text
 from linen_ext.scale.flops import jaxpr_flops
 from linen_ext.scale.nnx_model import is_nnx_module
 from linen_ext.scale.search import needs_no_less, next_to_compile, precedes
 from linen_ext.scale.step_time import Chip, StepTime, chip_of, compute_floor, modelled_time
 from linen_ext.scale.topology import Topology, tpu_topology
-from linen_ext.scale.train_step import (compile_traced, make_mesh, next_token_loss,
-                                        traced_train_step)
+from linen_ext.scale.train_step import (NO_BF16_PROPAGATION, CompiledStep, compile_traced,
+                                        make_mesh, next_token_loss, traced_train_step)
 
 REMATS = ('none', 'dots', 'full', 'offload', 'nested')
 
@@ -47,7 +48,7 @@ def remat_value(name: str) -> Any:
 @dataclasses.dataclass(frozen=True)
 class Candidate:
   """One configuration: the stack's remat policy, the mesh, the pipeline's microbatches,
-  and whether the optimizer state lives in host memory.
+  whether the optimizer state lives in host memory, and whether XLA propagates bfloat16.
 
   Attributes:
     remat: the remat policy of the model's stack (a `lift.loops.resolve_remat` name), or
@@ -55,6 +56,9 @@ class Candidate:
     mesh: the mesh as ``(axis name, size)`` pairs.
     microbatches: the pipeline's microbatches (with a ``'stage'`` axis over 1).
     offload_optimizer: whether the optimizer state lives in host memory.
+    bf16_propagation: whether XLA's bfloat16-propagation pass runs (`plan` turns it
+      off, `NO_BF16_PROPAGATION`, for a candidate that misses the limit by less than
+      the bfloat16 copy of the parameters the pass can keep).
 
   Examples:
     >>> Candidate('nested', (('stage', 1), ('data', 64), ('model', 2)), 1, True).describe()
@@ -64,6 +68,7 @@ class Candidate:
   mesh: tuple[tuple[str, int], ...]
   microbatches: int = 1
   offload_optimizer: bool = False
+  bf16_propagation: bool = True
 
   def describe(self) -> str:
     mesh = ' x '.join(f'{axis} {size}' for axis, size in self.mesh if size > 1) or 'one chip'
@@ -72,6 +77,8 @@ class Candidate:
       parts.append(f'{self.microbatches} microbatches')
     if self.offload_optimizer:
       parts.append('optimizer in host memory')
+    if not self.bf16_propagation:
+      parts.append('no bf16 propagation')
     return ', '.join(parts)
 
 
@@ -84,6 +91,7 @@ class Trial:
   error: str | None = None
   time: StepTime | None = None
   skipped: str | None = None
+  parameter_bytes: int = 0
 
   def fits(self, budget: float) -> bool:
     return self.stats is not None and self.stats.device_bytes <= budget
@@ -189,15 +197,15 @@ def candidates(chips: int, *, remat: Sequence[str] | None = REMATS,
   return found
 
 
-def _trace(model, batch, devices, candidate, rules, optimizer, loss_fn):
+def _trace(model, batch, devices, candidate, rules, optimizer, loss_fn, clip_norm=None):
   """The candidate's traced step and FLOPs per chip, or the `Trial` of why it fails."""
   mesh = make_mesh(devices, dict(candidate.mesh))
   try:
     traced = traced_train_step(
         _configured(model, candidate), batch, mesh=mesh,
         rules=rules(dict(candidate.mesh)) if callable(rules) else rules, optimizer=optimizer,
-        loss_fn=loss_fn, offload_optimizer=candidate.offload_optimizer)
-  except (PlanError, ModelStateError):
+        loss_fn=loss_fn, offload_optimizer=candidate.offload_optimizer, clip_norm=clip_norm)
+  except (PlanError, ModelStateError, OptimizerStreamError):
     raise
   except (LiftError, ValueError) as error:  # a shape that does not divide, say
     return Trial(candidate, None, str(error).splitlines()[0][:160])
@@ -205,15 +213,25 @@ def _trace(model, batch, devices, candidate, rules, optimizer, loss_fn):
 
 
 def _compile(candidate, traced, mesh, chip: Chip | None) -> Trial:
+  options = None if candidate.bf16_propagation else NO_BF16_PROPAGATION
   try:
-    step = compile_traced(traced, mesh)
+    step = compile_traced(traced, mesh, options)
   except jax.errors.JaxRuntimeError as error:  # the compiler's own "does not fit"
     if 'RESOURCE_EXHAUSTED' not in str(error):
       raise
     return Trial(candidate, None, 'RESOURCE_EXHAUSTED: '
                  + str(error).split('RESOURCE_EXHAUSTED: ')[-1][:140])
   time = modelled_time(step.stats, chip) if chip else None
-  return Trial(candidate, step.stats, time=time)
+  return Trial(candidate, step.stats, time=time, parameter_bytes=parameter_bytes(step))
+
+
+def parameter_bytes(step: CompiledStep) -> int:
+  """The bytes of the step's parameters on each chip (``state['params']``'s shards)."""
+  (state, _), _ = step.compiled.input_shardings
+  (infos, _), _ = step.compiled.args_info
+  return sum(math.prod(sharding.shard_shape(info.shape)) * info.dtype.itemsize
+             for info, sharding in zip(jax.tree.leaves(infos['params']),
+                                       jax.tree.leaves(state['params'])))
 
 
 def _rank(trial: Trial) -> tuple:
@@ -268,6 +286,7 @@ def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
          memory_limit: int | None = None, margin: float = 0.1,
          optimizer: optax.GradientTransformation | None = None,
          loss_fn: Callable[..., jax.Array] = next_token_loss,
+         clip_norm: float | None = None,
          rules: Sequence[tuple[str, Any]] | Callable[[dict[str, int]], Any],
          remat: Sequence[str] | None = REMATS, tensor: Sequence[int] = (1,),
          stages: Sequence[int] = (1,), microbatches: Sequence[int] = (1,),
@@ -296,6 +315,7 @@ def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
     margin: the fraction of ``memory_limit`` kept free.
     optimizer: default ``optax.adamw(1e-4)``.
     loss_fn: ``loss_fn(params, model, batch)``; next-token cross-entropy by default.
+    clip_norm: the global norm the gradients are clipped to (`compile_train_step`).
     rules: logical axis rules over the mesh axes ``stage``, ``data``, ``model``, or a
       function of the candidate's mesh shape returning them.
     remat: the stack's remat policies to try, any of ``'none'`` (no checkpointing),
@@ -316,6 +336,8 @@ def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
     PlanError: nothing fits (the message names the smallest need and its candidate),
       or the model lacks a field the candidates vary (an NNX model has none).
     ModelStateError: an NNX model holds variables other than `nnx.Param` ones.
+    OptimizerStreamError: the optimizer couples layers (pass the clipping as
+      ``clip_norm``).
     TopologyError: an unknown topology name, or libtpu missing.
 
   Examples:
@@ -334,7 +356,8 @@ def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
   if not found:
     raise PlanError(f'nn.plan: no mesh of tensor {tuple(tensor)} x stages {tuple(stages)} '
                     f'divides {len(devices)} chips. Fix: sizes that divide it.')
-  trace = lambda c: _trace(model, batch, devices, c, rules, optimizer, loss_fn)  # noqa: E731
+  trace = lambda c: _trace(model, batch, devices, c, rules, optimizer, loss_fn,  # noqa: E731
+                           clip_norm)
   trials, model_flops = _search(found, trace, memory_limit * (1 - margin), chip_of(devices),
                                 log or (lambda line: None))
   best = choose(trials, memory_limit, margin)
@@ -393,7 +416,17 @@ def _decide(candidate, traced, results, budget, chip, model_flops, log) -> Trial
   log(f'  {candidate.describe()}: compiling ...')
   trial = _compile(candidate, traced[0], traced[1], chip)
   log(f'  {candidate.describe()}: {trial_text(trial, budget, chip, model_flops)}')
-  return trial
+  if trial.stats is None or trial.fits(budget) or (
+      trial.stats.device_bytes - trial.parameter_bytes / 2 > budget):
+    return trial
+  # It misses by less than the bfloat16 copy of the parameters XLA's bfloat16 propagation
+  # can keep (half their float32 bytes): without the pass, it may fit.
+  variant = dataclasses.replace(candidate, bf16_propagation=False)
+  log(f'  {variant.describe()}: compiling ...')
+  second = _compile(variant, traced[0], traced[1], chip)
+  log(f'  {variant.describe()}: {trial_text(second, budget, chip, model_flops)}')
+  smaller = second.stats is not None and second.stats.device_bytes < trial.stats.device_bytes
+  return second if smaller else trial
 
 
 def _settle(trial: Trial, undecided: list, results: dict, budget: float, log) -> None:

@@ -24,11 +24,20 @@ from jax.sharding import NamedSharding, PartitionSpec
 from linen_ext.errors import BatchShardingError, MeshShapeError
 from linen_ext.scale.compiled import CompiledStats, compiled_stats
 from linen_ext.scale.flops import jaxpr_flops
+from linen_ext.scale.layer_update import (check_layer_separable, stacked_parameters,
+                                          update_layer_by_layer)
 from linen_ext.scale.nnx_model import with_init_and_apply
 from linen_ext.sharding import strip_boxes, variable_shardings
 
 MESH_AXES = ('stage', 'data', 'model')
 Rules = Sequence[tuple[str, Any]]
+
+# XLA's bfloat16-propagation pass can turn a layer loop's per-layer cast of its float32
+# parameters into one cast of the whole stack before the loop: a bfloat16 copy of every
+# layer's parameters, live through the backward loop (up to half their bytes per chip:
+# 2 GiB of LLaMA-2 70B on v5e-64). Without the pass each layer's cast stays in the loop,
+# and other values may stay float32: which needs less depends on the program.
+NO_BF16_PROPAGATION = {'xla_disable_hlo_passes': 'bfloat16-propagation'}
 
 
 def make_mesh(devices: Sequence[Any], shape: Mapping[str, int]) -> jax.sharding.Mesh:
@@ -109,21 +118,32 @@ def _in_memory(shardings: Any, kind: str) -> Any:
   return jax.tree.map(lambda s: s.with_memory_kind(kind), shardings)
 
 
-def _train_step(model, optimizer, loss_fn, rules, shardings, offload: bool):
+def _train_step(model, optimizer, loss_fn, rules, shardings, offload: bool, clip_norm,
+                stacked):
   device_opt = _in_memory(shardings['opt_state'], 'device') if offload else None
+  streamed = offload and any(jax.tree.leaves(stacked))
+
+  def update(grads, opt_state, params):
+    if streamed:  # one layer's moments on the chip at a time
+      return update_layer_by_layer(
+          optimizer, grads, opt_state, params, stacked,
+          to_chip=lambda x: jax.device_put(x, jax.memory.Space.Device),
+          to_host=lambda x: jax.device_put(x, jax.memory.Space.Host))
+    if offload:  # to the chips for the update, and back
+      opt_state = jax.device_put(opt_state, device_opt)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    if offload:
+      opt_state = jax.device_put(opt_state, shardings['opt_state'])
+    return optax.apply_updates(params, updates), opt_state
 
   def step(state, batch):
     with logical_axis_rules(tuple(rules)):
       loss, grads = jax.value_and_grad(loss_fn)(state['params'], model, batch)
       grads = jax.lax.with_sharding_constraint(grads, shardings['params'])
-      opt_state = state['opt_state']
-      if offload:  # to the chips for the update, and back
-        opt_state = jax.device_put(opt_state, device_opt)
-      updates, opt_state = optimizer.update(grads, opt_state, state['params'])
-      if offload:
-        opt_state = jax.device_put(opt_state, shardings['opt_state'])
-      return {'params': optax.apply_updates(state['params'], updates),
-              'opt_state': opt_state}, loss
+      if clip_norm is not None:
+        grads, _ = optax.clip_by_global_norm(clip_norm).update(grads, optax.EmptyState())
+      params, opt_state = update(grads, state['opt_state'], state['params'])
+      return {'params': params, 'opt_state': opt_state}, loss
   return step
 
 
@@ -141,7 +161,9 @@ def _abstract_state(model, optimizer, batch, mesh) -> Any:
 def compile_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules: Rules,
                        optimizer: optax.GradientTransformation,
                        loss_fn: Callable[..., jax.Array] = next_token_loss,
-                       offload_optimizer: bool = False) -> CompiledStep:
+                       offload_optimizer: bool = False, clip_norm: float | None = None,
+                       layer_axis: str = 'layers',
+                       compiler_options: Mapping[str, Any] | None = None) -> CompiledStep:
   """Compiles ``model``'s training step for ``mesh`` from shapes alone.
 
   The step takes ``{'params', 'opt_state'}`` (donated: the update writes in place) and
@@ -167,7 +189,15 @@ def compile_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules
     optimizer: an optax optimizer.
     loss_fn: ``loss_fn(params, model, batch) -> scalar``; next-token cross-entropy by
       default.
-    offload_optimizer: keep the optimizer state in host memory (``pinned_host``).
+    offload_optimizer: keep the optimizer state in host memory (``pinned_host``). The
+      parameters of a layer stack (their leading axis named ``layer_axis``) are then
+      updated one layer at a time, so that one layer's moments visit the chip at once;
+      the optimizer must treat parameters independently (checked).
+    clip_norm: clip the gradients to this global norm before the update (as
+      ``optax.clip_by_global_norm``, which a layer-by-layer update cannot run).
+    layer_axis: the logical name of a layer stack's leading axis.
+    compiler_options: XLA's options, e.g. `NO_BF16_PROPAGATION` (which can keep a
+      bfloat16 copy of a whole layer stack's parameters out of memory); default none.
 
   Returns:
     A `CompiledStep`.
@@ -176,6 +206,7 @@ def compile_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules
     BatchShardingError: the batch does not divide over the data axes.
     ShardingError: a variable does not divide over the mesh axes its names map to.
     ModelStateError: an NNX model holds variables other than `nnx.Param` ones.
+    OptimizerStreamError: with ``offload_optimizer``, the optimizer couples layers.
 
   Examples:
     >>> step = compile_train_step(model, batch, mesh=mesh, rules=rules,  # doctest: +SKIP
@@ -189,14 +220,16 @@ def compile_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules
   your own `jax.jit(...).lower(...)` and read it with `compiled_stats`.
   """
   traced = traced_train_step(model, batch, mesh=mesh, rules=rules, optimizer=optimizer,
-                             loss_fn=loss_fn, offload_optimizer=offload_optimizer)
-  return compile_traced(traced, mesh)
+                             loss_fn=loss_fn, offload_optimizer=offload_optimizer,
+                             clip_norm=clip_norm, layer_axis=layer_axis)
+  return compile_traced(traced, mesh, compiler_options)
 
 
 def traced_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules: Rules,
                       optimizer: optax.GradientTransformation,
                       loss_fn: Callable[..., jax.Array] = next_token_loss,
-                      offload_optimizer: bool = False) -> jax.stages.Traced:
+                      offload_optimizer: bool = False, clip_norm: float | None = None,
+                      layer_axis: str = 'layers') -> jax.stages.Traced:
   """The step `compile_train_step` compiles, traced but not compiled (seconds, where the
   compile of a large model takes minutes): its jaxpr gives the FLOPs."""
   model = with_init_and_apply(model)
@@ -204,10 +237,14 @@ def traced_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules:
   batch_shardings = batch_sharding(batch, mesh, rules)
   abstract = _abstract_state(model, optimizer, batch, mesh)
   shardings = variable_shardings(abstract, mesh, rules)
+  stacked = stacked_parameters(abstract['params'], layer_axis)
   if offload_optimizer:
     shardings['opt_state'] = _in_memory(shardings['opt_state'], 'pinned_host')
+    if any(jax.tree.leaves(stacked)):
+      check_layer_separable(optimizer, abstract['params'], stacked)
   state = _specs(strip_boxes(abstract), shardings)
-  step = jax.jit(_train_step(model, optimizer, loss_fn, rules, shardings, offload_optimizer),
+  step = jax.jit(_train_step(model, optimizer, loss_fn, rules, shardings, offload_optimizer,
+                             clip_norm, stacked),
                  in_shardings=(shardings, batch_shardings),
                  out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())),
                  donate_argnums=0)
@@ -215,15 +252,17 @@ def traced_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules:
     return step.trace(state, _specs(batch, batch_shardings))
 
 
-def compile_traced(traced: jax.stages.Traced, mesh: jax.sharding.Mesh) -> CompiledStep:
-  """Compiles a `traced_train_step` for ``mesh``, with its per-chip stats."""
+def compile_traced(traced: jax.stages.Traced, mesh: jax.sharding.Mesh,
+                   compiler_options: Mapping[str, Any] | None = None) -> CompiledStep:
+  """Compiles a `traced_train_step` for ``mesh`` with XLA's ``compiler_options``, with
+  its per-chip stats."""
   with jax.set_mesh(mesh):
     lowered = traced.lower()
     started = time.perf_counter()
-    compiled = lowered.compile()
+    compiled = lowered.compile(compiler_options=dict(compiler_options or {}))
   flops = jaxpr_flops(traced.jaxpr) / mesh.size
   return CompiledStep(compiled, compiled_stats(compiled, flops, time.perf_counter() - started))
 
 
-__all__ = ['CompiledStep', 'MESH_AXES', 'batch_sharding', 'compile_train_step', 'make_mesh',
-           'next_token_loss']
+__all__ = ['CompiledStep', 'MESH_AXES', 'NO_BF16_PROPAGATION', 'batch_sharding',
+           'compile_train_step', 'make_mesh', 'next_token_loss']

@@ -55,6 +55,27 @@ def _nnx_with_rng_state():
                                optimizer=optax.sgd(0.1))
 
 
+class _Block(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    kernel = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ('embed', 'mlp'))
+    return nn.Dense(2, kernel_init=kernel)(x)
+
+
+class _Stack(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.Stacked(_Block, 3, metadata_params={nn.PARTITION_NAME: 'layers'})(x)
+
+
+def _offloaded_clipping_optimizer():
+  clipped = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1))
+  return nn.compile_train_step(
+      _Stack(), {'inputs': jnp.zeros((4, 2))}, mesh=nn.scale.make_mesh(jax.devices()[:1], {}),
+      rules=RULES + [('embed', None), ('mlp', None), ('layers', None)], optimizer=clipped,
+      offload_optimizer=True, loss_fn=lambda params, model, batch: 0.0)
+
+
 def _attention(**kwargs):
   x = jnp.ones((2, 8, 4, 16))
   return lambda: lift.causal_self_attention(x, x, x, **kwargs)
@@ -77,6 +98,9 @@ CASES = [
     case('an NNX model holding variables other than nnx.Param', _nnx_with_rng_state,
          nn_errors.ModelStateError, 'other than nnx.Param, dropout/rngs/count (RngCount)',
          'deterministic=True'),
+    case('an optimizer state in host memory with clip_by_global_norm in the optimizer',
+         _offloaded_clipping_optimizer, nn_errors.OptimizerStreamError,
+         'couples parameters across layers', 'clip_norm='),
     case('causal_self_attention given an unknown implementation',
          _attention(implementation='splash'), errors.AttentionArgumentError,
          "implementation is 'splash'", "(None, 'xla', 'flash')"),

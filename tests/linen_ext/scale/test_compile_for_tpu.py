@@ -1,6 +1,7 @@
 """Compiling for TPU topologies on this machine: a tiny LLaMA's training step for v5e
 2x2 (FSDP divides the state over the chips; the flash kernel is what runs), the
 planner's choice and refusal, and the errors raised before anything compiles."""
+import dataclasses
 import importlib
 import pathlib
 import re
@@ -112,7 +113,9 @@ def test_pruning_never_skips_what_compiling_everything_would_choose(every_trial,
   """For limits between every two candidates' needs, the search (fed the compiled
   results) chooses what choosing among all of them does, compiling fewer."""
   trials, traced = every_trial
-  monkeypatch.setattr(planner, '_compile', lambda c, *_: trials[c])
+  # a second compile without bfloat16 propagation gives the first's figures here
+  monkeypatch.setattr(planner, '_compile',
+                      lambda c, *_: trials[dataclasses.replace(c, bf16_propagation=True)])
   needs = sorted({t.stats.device_bytes for t in trials.values()})
   compiled = []
   for budget in [needs[0] - 1] + [n + 1 for n in needs]:
@@ -129,6 +132,36 @@ def test_pruning_never_skips_what_compiling_everything_would_choose(every_trial,
       assert planner.choose(searched, budget, 0.0).candidate == want, (budget, lines)
     compiled.append(len(trials) - len(skipped))
   assert min(compiled) < len(trials) and max(compiled) < len(trials), compiled
+
+
+def test_a_near_miss_is_compiled_again_without_bf16_propagation(every_trial, monkeypatch):
+  """A candidate that misses the limit by less than half its parameters' bytes (the
+  bfloat16 copy XLA's propagation can keep) is compiled once more without the pass, and
+  that compile is the trial where it needs less; a wider miss is not compiled again."""
+  trials, traced = every_trial
+  first = _by(trials.values(), 'offload')
+  need, parameters = first.stats.device_bytes, first.parameter_bytes
+  assert parameters > 0
+  smaller = dataclasses.replace(first.stats, temp_bytes=first.stats.temp_bytes - parameters // 4)
+  compiled = []
+
+  def fake(candidate, *_):
+    compiled.append(candidate)
+    if candidate.bf16_propagation:
+      return first
+    return planner.Trial(candidate, smaller, parameter_bytes=parameters)
+  monkeypatch.setattr(planner, '_compile', fake)
+  lines = []
+  trial = planner._decide(first.candidate, traced[first.candidate], {},
+                          need - parameters // 8, None, 0.0, lines.append)
+  assert [c.bf16_propagation for c in compiled] == [True, False]
+  assert trial.candidate.describe().endswith('no bf16 propagation') and trial.stats == smaller
+  args = at_scale.build_parser().parse_args(['--compile-for', 'v5e-4', '--plan'])
+  assert at_scale.plan_flags(args, trial.candidate).endswith('--no-bf16-propagation')
+  compiled.clear()
+  planner._decide(first.candidate, traced[first.candidate], {}, need - parameters // 2 - 1,
+                  None, 0.0, lines.append)
+  assert [c.bf16_propagation for c in compiled] == [True]
 
 
 def test_ctrl_c_stops_the_search_between_compiles_and_says_what_was_compiled(every_trial,
