@@ -67,12 +67,23 @@ def update_layer_by_layer(optimizer: optax.GradientTransformation, grads: Any, s
     stacked: `stacked_parameters` of ``params``.
     to_chip: moves a value of the state to the chip (identity by default).
     to_host: moves one layer's slice of a moment back to the host (identity by default).
+
+  Examples:
+    >>> params = {'embed': jnp.ones(3), 'layers': jnp.ones((4, 3))}
+    >>> stacked = {'embed': False, 'layers': True}
+    >>> sgd = optax.sgd(0.5)
+    >>> new, _ = update_layer_by_layer(sgd, params, sgd.init(params), params, stacked)
+    >>> new['layers'][0]
+    Array([0.5, 0.5, 0.5], dtype=float32)
+
+  Not for an optimizer that couples parameters (`check_layer_separable` says).
   """
   kinds = _kinds(optimizer, state, stacked)
+  layer_kinds = [k for k in kinds if k != _REST]
   leaves, treedef = jax.tree.flatten(state)
   others = [to_chip(x) for x, k in zip(leaves, kinds) if k == _OTHER]
 
-  rest_state = jax.tree.map(lambda x: to_chip(x), _part(optimizer, state, stacked, False))
+  rest_state = jax.tree.map(to_chip, _part(optimizer, state, stacked, False))
   rest_params = _only(params, stacked, False)
   updates, new_rest = optimizer.update(_only(grads, stacked, False), rest_state, rest_params)
   new_rest_params = optax.apply_updates(rest_params, updates)
@@ -86,14 +97,13 @@ def update_layer_by_layer(optimizer: optax.GradientTransformation, grads: Any, s
     layer_params, moments = carry
     at = lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False)  # noqa: E731
     sliced, count = iter(to_chip(at(m)) for m in moments), iter(others)
-    layer_state = jax.tree.unflatten(layer_def, [next(sliced) if k == _STACKED else next(count)
-                                                 for k in kinds if k != _REST])
+    layer_state = jax.tree.unflatten(
+        layer_def, [next(sliced) if k == _STACKED else next(count) for k in layer_kinds])
     p = jax.tree.map(at, layer_params)
     u, new_state = optimizer.update(jax.tree.map(at, stacked_grads), layer_state, p)
     put = lambda x, v: jax.lax.dynamic_update_index_in_dim(x, v, i, 0)  # noqa: E731
     layer_params = jax.tree.map(put, layer_params, optax.apply_updates(p, u))
-    new = [v for v, k in zip(jax.tree.leaves(new_state), [k for k in kinds if k != _REST])
-           if k == _STACKED]
+    new = [v for v, k in zip(jax.tree.leaves(new_state), layer_kinds) if k == _STACKED]
     return layer_params, [put(m, to_host(v)) for m, v in zip(moments, new)]
 
   new_stacked, moments = jax.lax.fori_loop(

@@ -131,7 +131,7 @@ class Plan:
 
   def __str__(self) -> str:
     budget = self.memory_limit * (1 - self.margin)
-    compiled = sum(t.stats is not None for t in self.trials)
+    compiled = sum(t.stats is not None or t.too_big(budget) for t in self.trials)
     lines = [f'{len(self.trials)} candidates ({compiled} compiled), limit '
              f'{size_text(self.memory_limit).strip()} per chip ({size_text(budget).strip()} '
              f'with a {self.margin:.0%} margin); step time and MFU modelled, not measured:']

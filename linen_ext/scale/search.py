@@ -14,7 +14,7 @@ one before keeps, or moves it to the host). If ``a``'s policy comes before ``b``
 So once ``a`` fits, every ``b`` after it in time is dominated (it cannot be chosen), and
 once ``b`` does not fit, no ``a`` before it in memory can. Moving values to the host is
 not ordered in memory: ``offload`` stages the carries it moves through device buffers,
-and the update brings an offloaded optimizer state back to the chip (at small sizes
+and the update moves an offloaded optimizer state through staging buffers (at small sizes
 either can need more than keeping the values on the chip). The next candidate compiled
 is the one whose answer settles the most of the others either way (a binary search along
 the orders). Candidates on different meshes are not ordered: each is compiled unless
