@@ -3,12 +3,10 @@ update for optimizers that treat parameters independently, refused for ones that
 them, and on a TPU target only one layer's moments on the chip at once."""
 import importlib
 import pathlib
-import re
 import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import pytest
 
@@ -93,49 +91,42 @@ def test_the_offloaded_step_is_the_hand_written_clipped_step():
   with pytest.raises(OptimizerStreamError, match='`optimizer`'):
     _cpu_step(optax.chain(optax.clip_by_global_norm(0.05), optimizer), offload_optimizer=True)
   oracle = optax.chain(optax.clip_by_global_norm(0.05), optimizer)
+
+  @jax.jit
+  def oracle_step(params, opt_state):
+    loss, grads = jax.value_and_grad(llama.next_token_loss)(params, model, batch)
+    updates, opt_state = oracle.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
   params = nn.unbox(model.init(jax.random.key(0), batch['inputs']))['params']
   state = {'params': params, 'opt_state': optimizer.init(params)}
   want = (params, oracle.init(params))
   for _ in range(2):
     state, loss = step.compiled(jax.tree.map(jnp.copy, state), batch)
-    want_loss, grads = jax.value_and_grad(llama.next_token_loss)(want[0], model, batch)
-    updates, opt_state = oracle.update(grads, want[1], want[0])
-    want = (optax.apply_updates(want[0], updates), opt_state)
+    *want, want_loss = oracle_step(*want)
     assert_trees_close((loss, state['params']), (want_loss, want[0]), depth=2 * LAYERS)
   assert_trees_close(state['opt_state'], want[1][1], depth=2 * LAYERS)
 
 
-def _stack_casts_before_the_loops(compiled, depth: int) -> list[str]:
-  """The entry computation's casts of a whole float32 stack (a parameter) to bfloat16."""
-  entry = compiled.as_text().split('\nENTRY ')[1]
-  return re.findall(rf'= bf16\[{depth},[^\n]* convert\(%param', entry)
-
-
 def test_one_layer_s_moments_visit_the_chip_at_a_time(chips):
-  """For v5e:2x2: the streamed update needs less on the chip than bringing the whole
-  state over, by at least most of the stack's moments; the host holds them either way.
-  Without XLA's bfloat16 propagation, no bfloat16 copy of a whole stack is made before
-  the layer loops, and the step needs less."""
+  """For v5e:2x2: the step needs less than the parameters and the stack's moments
+  together, which a program holding every moment on the chip at once needs at least; the
+  host holds the moments. Without XLA's bfloat16 propagation it needs less still (no
+  bfloat16 copy of the whole stack before the layer loops)."""
   config = llama.Config(512, 512, 4, 4, 2, 128, 1024)
-  batch = {'inputs': jax.ShapeDtypeStruct((4, 512), jnp.int32),
-           'targets': jax.ShapeDtypeStruct((4, 512), jnp.int32)}
+  batch = {'inputs': jax.ShapeDtypeStruct((4, 128), jnp.int32),
+           'targets': jax.ShapeDtypeStruct((4, 128), jnp.int32)}
   mesh = nn.scale.make_mesh(chips.devices, {'data': 4})
 
-  def compiled(layer_axis, options=None):  # as --plan's choice for 70B on v5e-64
+  def compiled(options=None):  # as --plan's choice for 70B on v5e-64
     return nn.compile_train_step(
         llama.LM(config, remat='offload'), batch, mesh=mesh, rules=at_scale.axis_rules({}),
         optimizer=llama.optimizer(), loss_fn=llama.next_token_loss, clip_norm=llama.CLIP_NORM,
-        offload_optimizer=True, layer_axis=layer_axis, compiler_options=options)
-  streamed, whole = compiled('layers'), compiled('no stack')
-  unpropagated = compiled('layers', nn.scale.NO_BF16_PROPAGATION)
-  assert _stack_casts_before_the_loops(streamed.compiled, config.depth)
-  assert not _stack_casts_before_the_loops(unpropagated.compiled, config.depth)
-  assert unpropagated.stats.device_bytes < streamed.stats.device_bytes
-  streamed, whole = streamed.stats, whole.stats
-  abstract = jax.eval_shape(llama.LM(config).init, jax.random.key(0), batch['inputs'])
-  stack = nn.unbox(abstract)['params']['blocks']
-  moments = 2 * sum(x.size * 4 for x in jax.tree.leaves(stack)) // 4  # per chip
-  assert streamed.host_bytes == whole.host_bytes >= moments
-  saved = whole.temp_bytes - streamed.temp_bytes
-  assert saved >= 0.8 * moments * (config.depth - 1) / config.depth
-  np.testing.assert_equal(streamed.argument_bytes, whole.argument_bytes)
+        offload_optimizer=True, compiler_options=options).stats
+  streamed, unpropagated = compiled(), compiled(nn.scale.NO_BF16_PROPAGATION)
+  abstract = nn.unbox(jax.eval_shape(llama.LM(config).init, jax.random.key(0),
+                                     batch['inputs']))['params']
+  per_chip = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)) / 4  # noqa: E731
+  moments = 2 * per_chip(abstract['blocks'])
+  assert streamed.host_bytes >= moments
+  assert streamed.device_bytes < per_chip(abstract) + moments
+  assert unpropagated.device_bytes < streamed.device_bytes
