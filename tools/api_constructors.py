@@ -128,13 +128,19 @@ def functions(obj: griffe.Module | griffe.Class) -> Iterator[griffe.Function]:
 
 def spell_out_constant_defaults(function: griffe.Function) -> None:
   """Replaces each default that names a module-level constant of the function's module
-  holding a literal (a tuple of names, a number) by the literal, as written there."""
+  (defined there or imported into it) holding a literal (a tuple of names, a number) by
+  the literal, as written where it is defined."""
   for parameter in function.parameters:
     default = parameter.default
     if not isinstance(default, griffe.ExprName):
       continue
     constant = function.module.members.get(default.name)
-    if (constant is None or constant.is_alias or not isinstance(constant, griffe.Attribute)
+    if constant is not None and constant.is_alias:
+      try:
+        constant = constant.final_target
+      except griffe.AliasResolutionError:
+        continue
+    if (constant is None or not isinstance(constant, griffe.Attribute)
         or constant.value is None):
       continue
     try:

@@ -11,8 +11,6 @@ margin. Candidates that cannot win are not compiled (`search`).
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,84 +19,16 @@ import optax
 
 from lift.errors import LiftError
 from linen_ext.errors import ModelStateError, OptimizerStreamError, PlanError
+from linen_ext.scale.candidates import (REMATS, Candidate, Trial, candidates, parameter_bytes,
+                                        remat_value, trial_text)
 from linen_ext.scale.compiled import CompiledStats, size_text
 from linen_ext.scale.flops import jaxpr_flops
 from linen_ext.scale.nnx_model import is_nnx_module
 from linen_ext.scale.search import needs_no_less, next_to_compile, precedes
-from linen_ext.scale.step_time import Chip, StepTime, chip_of, compute_floor, modelled_time
+from linen_ext.scale.step_time import Chip, chip_of, compute_floor, modelled_time
 from linen_ext.scale.topology import Topology, tpu_topology
-from linen_ext.scale.train_step import (NO_BF16_PROPAGATION, CompiledStep, compile_traced,
+from linen_ext.scale.train_step import (NO_BF16_PROPAGATION, compile_traced,
                                         make_mesh, next_token_loss, traced_train_step)
-
-REMATS = ('none', 'dots', 'full', 'offload', 'nested')
-
-
-def remat_value(name: str) -> Any:
-  """A planner's remat name as the value of a stack's ``remat=``: ``'none'`` is no
-  checkpointing, ``'dots'`` keeps the products' results
-  (``jax.checkpoint_policies.dots_with_no_batch_dims_saveable``), and the others are the
-  loop engine's own policies."""
-  if name == 'none':
-    return False
-  if name == 'dots':
-    return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-  return name
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-  """One configuration: the stack's remat policy, the mesh, the pipeline's microbatches,
-  whether the optimizer state lives in host memory, and whether XLA propagates bfloat16.
-
-  Attributes:
-    remat: the remat policy of the model's stack (a `lift.loops.resolve_remat` name), or
-      ``None``: the model's own, not varied.
-    mesh: the mesh as ``(axis name, size)`` pairs.
-    microbatches: the pipeline's microbatches (with a ``'stage'`` axis over 1).
-    offload_optimizer: whether the optimizer state lives in host memory.
-    bf16_propagation: whether XLA's bfloat16-propagation pass runs (`plan` turns it
-      off, `NO_BF16_PROPAGATION`, for a candidate that misses the limit by less than
-      the bfloat16 copy of the parameters the pass can keep).
-
-  Examples:
-    >>> Candidate('nested', (('stage', 1), ('data', 64), ('model', 2)), 1, True).describe()
-    'remat=nested, data 64 x model 2, optimizer in host memory'
-  """
-  remat: str | None
-  mesh: tuple[tuple[str, int], ...]
-  microbatches: int = 1
-  offload_optimizer: bool = False
-  bf16_propagation: bool = True
-
-  def describe(self) -> str:
-    mesh = ' x '.join(f'{axis} {size}' for axis, size in self.mesh if size > 1) or 'one chip'
-    parts = ([] if self.remat is None else [f'remat={self.remat}']) + [mesh]
-    if dict(self.mesh).get('stage', 1) > 1:
-      parts.append(f'{self.microbatches} microbatches')
-    if self.offload_optimizer:
-      parts.append('optimizer in host memory')
-    if not self.bf16_propagation:
-      parts.append('no bf16 propagation')
-    return ', '.join(parts)
-
-
-@dataclasses.dataclass(frozen=True)
-class Trial:
-  """A candidate and what compiling it gave: its stats and modelled step time, or why it
-  could not compile, or why it was not compiled (``skipped``)."""
-  candidate: Candidate
-  stats: CompiledStats | None
-  error: str | None = None
-  time: StepTime | None = None
-  skipped: str | None = None
-  parameter_bytes: int = 0
-
-  def fits(self, budget: float) -> bool:
-    return self.stats is not None and self.stats.device_bytes <= budget
-
-  def too_big(self, budget: float) -> bool:
-    return (self.stats is not None and not self.fits(budget)) or (
-        self.error is not None and self.error.startswith('RESOURCE_EXHAUSTED'))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,22 +72,6 @@ class Plan:
     return '\n'.join(lines)
 
 
-def trial_text(trial: Trial, budget: float, chip: Chip | None, model_flops: float) -> str:
-  """One trial's figures: its stats, modelled time, MFU and whether it fits; or why it
-  was not compiled."""
-  if trial.skipped:
-    return f'skipped: {trial.skipped}'
-  if trial.stats is None:
-    return f'could not compile: {trial.error}'
-  text = trial.stats.row()
-  if trial.time is not None and chip is not None:
-    mfu = model_flops / (trial.time.total * chip.peak_flops)
-    seconds = trial.time.total
-    text += (f'  {seconds:7.2f} s ' if seconds >= 1 else f'  {seconds * 1e3:7.2f} ms')
-    text += f'  {mfu:4.0%} MFU'
-  return text + ('  fits' if trial.fits(budget) else '  too big')
-
-
 def _configured(model: Any, candidate: Candidate) -> Any:
   stages = dict(candidate.mesh).get('stage', 1)
   fields = {} if candidate.remat is None else {'remat': remat_value(candidate.remat)}
@@ -176,25 +90,6 @@ def _configured(model: Any, candidate: Candidate) -> Any:
                     'field passed to its nn.Stacked (and `pipeline_stages`, `microbatches`, '
                     '`stage_axis` to plan pipelines), or remat=None to keep its own.')
   return model.clone(**fields) if fields else model
-
-
-def candidates(chips: int, *, remat: Sequence[str] | None = REMATS,
-               tensor: Sequence[int] = (1,), stages: Sequence[int] = (1,),
-               microbatches: Sequence[int] = (1,),
-               offload_optimizer: Sequence[bool] = (False, True)) -> list[Candidate]:
-  """Every combination, on meshes of ``stage x data x model = chips`` (those that do not
-  divide ``chips`` are left out); ``remat=None``: the model's own in each."""
-  unknown = [name for name in remat or () if name not in REMATS]
-  if unknown:
-    raise PlanError(f'nn.plan: unknown remat {unknown}; it takes {REMATS}, or None.')
-  remats: Sequence[str | None] = (None,) if remat is None else remat
-  found = []
-  for s, t, r, m, o in itertools.product(stages, tensor, remats, microbatches, offload_optimizer):
-    if chips % (s * t) or (s == 1 and m != microbatches[0]):
-      continue
-    mesh = (('stage', s), ('data', chips // (s * t)), ('model', t))
-    found.append(Candidate(r, mesh, m if s > 1 else 1, o))
-  return found
 
 
 def _trace(model, batch, devices, candidate, rules, optimizer, loss_fn, clip_norm=None):
@@ -223,15 +118,6 @@ def _compile(candidate, traced, mesh, chip: Chip | None) -> Trial:
                  + str(error).split('RESOURCE_EXHAUSTED: ')[-1][:140])
   time = modelled_time(step.stats, chip) if chip else None
   return Trial(candidate, step.stats, time=time, parameter_bytes=parameter_bytes(step))
-
-
-def parameter_bytes(step: CompiledStep) -> int:
-  """The bytes of the step's parameters on each chip (``state['params']``'s shards)."""
-  (state, _), _ = step.compiled.input_shardings
-  (infos, _), _ = step.compiled.args_info
-  return sum(math.prod(sharding.shard_shape(info.shape)) * info.dtype.itemsize
-             for info, sharding in zip(jax.tree.leaves(infos['params']),
-                                       jax.tree.leaves(state['params'])))
 
 
 def _rank(trial: Trial) -> tuple:
@@ -298,7 +184,9 @@ def plan(model: Any, batch: Any, topology: str | Topology | Sequence[Any], *,
   Candidates: ``remat`` x mesh (``stage x data x model`` from ``stages`` and ``tensor``,
   the rest on ``data``) x ``microbatches`` x ``offload_optimizer``, compiled one at a
   time by `compile_train_step` (nothing runs), except those the results so far show
-  cannot be chosen (`search`); ranked by `step_time`. ``str(plan)`` is the table.
+  cannot be chosen (`search`); ranked by `step_time`. ``str(plan)`` is the table. A
+  candidate that misses the limit by less than half its parameters' bytes is compiled
+  again without XLA's bfloat16 propagation (`NO_BF16_PROPAGATION`), and the smaller kept.
   Ctrl-C stops between compiles (``KeyboardInterrupt``, after ``log`` says what was
   compiled). The candidates set the model's ``remat`` field (`remat_value`), which a
   `flax.linen` module applies itself; an NNX model has no fields: plan it with
