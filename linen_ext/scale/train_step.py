@@ -190,9 +190,10 @@ def compile_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules
     loss_fn: ``loss_fn(params, model, batch) -> scalar``; next-token cross-entropy by
       default.
     offload_optimizer: keep the optimizer state in host memory (``pinned_host``). The
-      parameters of a layer stack (their leading axis named ``layer_axis``) are then
-      updated one layer at a time, so that one layer's moments visit the chip at once;
-      the optimizer must treat parameters independently (checked).
+      parameters of a layer stack (their leading axis named ``layer_axis``, not split
+      over the mesh) are then updated one layer at a time, so that one layer's moments
+      visit the chip at once; the optimizer must treat parameters independently
+      (checked).
     clip_norm: clip the gradients to this global norm before the update (as
       ``optax.clip_by_global_norm``, which a layer-by-layer update cannot run).
     layer_axis: the logical name of a layer stack's leading axis.
@@ -237,7 +238,11 @@ def traced_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules:
   batch_shardings = batch_sharding(batch, mesh, rules)
   abstract = _abstract_state(model, optimizer, batch, mesh)
   shardings = variable_shardings(abstract, mesh, rules)
-  stacked = stacked_parameters(abstract['params'], layer_axis)
+  # A layer axis split over the mesh (a pipeline's, over stage) is updated whole: a loop
+  # over it would gather every layer's moments onto each chip.
+  stacked = jax.tree.map(lambda s, sharding: s and not (sharding.spec and sharding.spec[0]),
+                         stacked_parameters(abstract['params'], layer_axis),
+                         shardings['params'])
   if offload_optimizer:
     shardings['opt_state'] = _in_memory(shardings['opt_state'], 'pinned_host')
     if any(jax.tree.leaves(stacked)):

@@ -225,10 +225,14 @@ def test_the_flash_trained_model_decodes_with_the_step_as_scan_derives():
   assert caches and all(shape[2] == config.kv_heads for shape in caches)
 
 
-def test_a_pipeline_over_two_slices_sends_only_permutes_between_them_in_its_ticks(capsys):
+@pytest.mark.parametrize('flags', [[], ['--offload-optimizer']], ids=['', 'optimizer on host'])
+def test_a_pipeline_over_two_slices_sends_only_permutes_between_them_in_its_ticks(capsys,
+                                                                                   flags):
+  """With the optimizer state on the host too: a stack split over the stages is updated
+  whole, not in a loop that would gather each layer's moments across the slices."""
   result = at_scale.main(['--compile-for', 'v5e-4', '--num-slices', '2', '--model', 'tiny',
                           '--pipeline-stages', '2', '--microbatches', '2',
-                          '--seq-length', '128'])
+                          '--seq-length', '128', *flags])
   printed = capsys.readouterr().out
   assert result['mesh'] == {'stage': 2, 'data': 4, 'model': 1} and result['fits']
   assert result['attention'] == 'flash'  # the default, per shard inside the pipeline's stages
