@@ -240,7 +240,7 @@ def traced_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules:
   shardings = variable_shardings(abstract, mesh, rules)
   # A layer axis split over the mesh (a pipeline's, over stage) is updated whole: a loop
   # over it would gather every layer's moments onto each chip.
-  stacked = jax.tree.map(lambda s, sharding: s and not (sharding.spec and sharding.spec[0]),
+  stacked = jax.tree.map(lambda s, sharding: s and _leading_ways(sharding, mesh) == 1,
                          stacked_parameters(abstract['params'], layer_axis),
                          shardings['params'])
   if offload_optimizer:
@@ -255,6 +255,13 @@ def traced_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules:
                  donate_argnums=0)
   with jax.set_mesh(mesh):
     return step.trace(state, _specs(batch, batch_shardings))
+
+
+def _leading_ways(sharding: NamedSharding, mesh: jax.sharding.Mesh) -> int:
+  """Into how many pieces ``sharding`` splits its leading axis on ``mesh``."""
+  entry = sharding.spec[0] if sharding.spec else None
+  names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+  return math.prod(mesh.shape[name] for name in names)
 
 
 def compile_traced(traced: jax.stages.Traced, mesh: jax.sharding.Mesh,
