@@ -21,6 +21,7 @@ import optax
 from flax.linen import logical_axis_rules, logical_to_mesh_axes
 from jax.sharding import NamedSharding, PartitionSpec
 
+from lift.sharding import spec_axes
 from linen_ext.errors import BatchShardingError, MeshShapeError
 from linen_ext.scale.compiled import CompiledStats, compiled_stats
 from linen_ext.scale.flops import jaxpr_flops
@@ -66,6 +67,11 @@ def make_mesh(devices: Sequence[Any], shape: Mapping[str, int]) -> jax.sharding.
                            axis_types=auto)
 
 
+def _ways(entry: Any, mesh: jax.sharding.Mesh) -> int:
+  """Into how many pieces a spec's ``entry`` splits its dimension on ``mesh``."""
+  return math.prod(mesh.shape[name] for name in spec_axes(entry))
+
+
 def batch_sharding(batch: Any, mesh: jax.sharding.Mesh, rules: Rules) -> Any:
   """Each leaf of ``batch`` split along its leading axis as the logical axis ``batch``
   maps (the data-parallel axes), the rest replicated.
@@ -75,8 +81,8 @@ def batch_sharding(batch: Any, mesh: jax.sharding.Mesh, rules: Rules) -> Any:
   """
   spec = logical_to_mesh_axes(('batch',), tuple(rules))
   axes = spec[0] if spec is not None else None
-  names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-  ways = math.prod(mesh.shape[name] for name in names)
+  names = spec_axes(axes)
+  ways = _ways(axes, mesh)
 
   def one(path, leaf) -> NamedSharding:
     size = np.shape(leaf)[0] if np.ndim(leaf) else 1
@@ -172,13 +178,9 @@ def compile_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules
   names through ``rules``; the batch is split along its leading axis over the axes
   ``batch`` maps to.
 
-  A `flax.linen` module is taken as ours is (``nn.with_logical_partitioning`` names its
-  axes). An NNX model (an `nnx.Module`; abstract from `nnx.eval_shape` costs nothing)
-  is split into its graph definition and its `nnx.Param` state, ``params`` (a dict of
-  arrays, as ``nnx.to_pure_dict`` gives it), each sharded as its ``out_sharding`` names
-  (`nnx.with_partitioning`) map through ``rules``; the loss calls
-  ``nnx.merge(graphdef, params)(batch['inputs'])``, and a custom ``loss_fn`` gets an
-  `NnxModel`, whose ``apply({'params': params}, ...)`` does that.
+  A `flax.linen` module is taken as ours is. An NNX model (abstract from
+  `nnx.eval_shape`) becomes its `nnx.Param` state ``params`` (``nnx.to_pure_dict``'s
+  form) and an `NnxModel` whose ``apply({'params': params}, x)`` merges and calls it.
 
   Args:
     model: a `linen_ext` module, a `flax.linen` one, or an `nnx.Module` holding only
@@ -189,11 +191,9 @@ def compile_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules
     optimizer: an optax optimizer.
     loss_fn: ``loss_fn(params, model, batch) -> scalar``; next-token cross-entropy by
       default.
-    offload_optimizer: keep the optimizer state in host memory (``pinned_host``). The
-      parameters of a layer stack (their leading axis named ``layer_axis``, not split
-      over the mesh) are then updated one layer at a time, so that one layer's moments
-      visit the chip at once; the optimizer must treat parameters independently
-      (checked).
+    offload_optimizer: keep the optimizer state in host memory (``pinned_host``); a
+      layer stack's parameters (leading axis ``layer_axis``, not split over the mesh)
+      are then updated one layer at a time (`update_layer_by_layer`).
     clip_norm: clip the gradients to this global norm before the update (as
       ``optax.clip_by_global_norm``, which a layer-by-layer update cannot run).
     layer_axis: the logical name of a layer stack's leading axis.
@@ -240,7 +240,8 @@ def traced_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules:
   shardings = variable_shardings(abstract, mesh, rules)
   # A layer axis split over the mesh (a pipeline's, over stage) is updated whole: a loop
   # over it would gather every layer's moments onto each chip.
-  stacked = jax.tree.map(lambda s, sharding: s and _leading_ways(sharding, mesh) == 1,
+  stacked = jax.tree.map(lambda s, sharding: s and _ways(next(iter(sharding.spec), None),
+                                                          mesh) == 1,
                          stacked_parameters(abstract['params'], layer_axis),
                          shardings['params'])
   if offload_optimizer:
@@ -255,13 +256,6 @@ def traced_train_step(model: Any, batch: Any, *, mesh: jax.sharding.Mesh, rules:
                  donate_argnums=0)
   with jax.set_mesh(mesh):
     return step.trace(state, _specs(batch, batch_shardings))
-
-
-def _leading_ways(sharding: NamedSharding, mesh: jax.sharding.Mesh) -> int:
-  """Into how many pieces ``sharding`` splits its leading axis on ``mesh``."""
-  entry = sharding.spec[0] if sharding.spec else None
-  names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-  return math.prod(mesh.shape[name] for name in names)
 
 
 def compile_traced(traced: jax.stages.Traced, mesh: jax.sharding.Mesh,
