@@ -4,6 +4,8 @@ import pathlib
 import subprocess
 import sys
 
+from tests.helpers import child_xla_flags
+
 BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / 'examples' / 'benchmarks'
 
 
@@ -43,7 +45,7 @@ def test_pipeline_memory_prints_bytes_and_collectives_per_stage_count():
   run = subprocess.run([sys.executable, str(BENCHMARKS / 'pipeline_memory.py'), '--tiny',
                         '--stages', '1,2'],
                        capture_output=True, text=True, check=False,
-                       env={**os.environ, 'XLA_FLAGS': '--xla_force_host_platform_device_count=8'})
+                       env={**os.environ, 'XLA_FLAGS': child_xla_flags(8)})
   assert run.returncode == 0, run.stdout + run.stderr
   rows = [line for line in run.stdout.splitlines() if line.startswith('| ') and 'x 2' in line]
   assert len(rows) == 4, run.stdout

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import linen_ext as nn
-from tests.helpers import assert_trees_close, assert_trees_equal, run_in_child
+from tests.helpers import assert_trees_close, assert_trees_equal, child_xla_flags, run_in_child
 from tests.test_train_lm import EXAMPLE, TINY
 
 RESULT_MARK = 'SCALE_OUT_RESULTS='
@@ -199,7 +199,7 @@ def test_on_8_devices_and_over_two_processes(tmp_path):
 def _processes_command(out, *flags):
   root = pathlib.Path(__file__).resolve().parents[1]
   env = {**os.environ,
-         'XLA_FLAGS': f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4",
+         'XLA_FLAGS': child_xla_flags(4),  # as the child's one-device losses it is compared with
          'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': str(root)}
   command = [sys.executable, str(EXAMPLE), *FAST, '--out', str(out), '--mesh', 'data=4,model=2',
              '--processes', '2', '--process-timeout', '10', '--checkpoint-every', '100', *flags]
